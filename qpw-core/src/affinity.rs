@@ -1,0 +1,273 @@
+//! Thin, checked wrappers over the scheduler calls qpw needs: `sched_getaffinity`,
+//! `sched_setaffinity`, `sched_getcpu` and `sched_setscheduler(SCHED_FIFO)`.
+//!
+//! `libc` is used directly rather than `core_affinity` because the latter reports failure as a
+//! bare `bool`: we want the system's error in our own, and the allowed set to check against.
+//!
+//! Under loom there is no real CPU: the calls become no-ops, every thread "runs" nowhere, and
+//! the models bind threads to CPUs through the framework's registration only.
+
+use std::io;
+
+use crate::{CpuSet, Error, Result};
+
+/// The CPUs the process may run on: the union of the main thread's and the calling thread's
+/// `sched_getaffinity` masks, read on the first call and kept, so that a thread which has
+/// since pinned itself (or been bound by the framework) still sees the whole set.
+pub fn allowed_cpus() -> Result<CpuSet> {
+    #[cfg(loom)]
+    {
+        Ok(CpuSet::first_n(2))
+    }
+    #[cfg(not(loom))]
+    {
+        static ALLOWED: std::sync::OnceLock<CpuSet> = std::sync::OnceLock::new();
+        if let Some(set) = ALLOWED.get() {
+            return Ok(set.clone());
+        }
+        // SAFETY: `getpid` has no preconditions; the main thread's tid is the pid.
+        let main = thread_affinity(unsafe { libc::getpid() })?;
+        let set = main.union(&thread_affinity(0)?);
+        Ok(ALLOWED.get_or_init(|| set).clone())
+    }
+}
+
+/// One thread's `sched_getaffinity` mask (`tid` 0: the calling thread).
+#[cfg(not(loom))]
+fn thread_affinity(tid: libc::pid_t) -> Result<CpuSet> {
+    // SAFETY: `cpu_set_t` is plain data for which all-zero bytes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed.
+    let rc = unsafe { libc::sched_getaffinity(tid, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return Err(Error::Affinity {
+            cpu: 0,
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok((0..=CpuSet::MAX_CPU)
+        // SAFETY: `cpu` is below CPU_SETSIZE, the bound `CPU_ISSET` requires.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect())
+}
+
+/// The CPUs the calling thread may run on now (its own `sched_getaffinity` mask).
+pub fn current_affinity() -> Result<CpuSet> {
+    #[cfg(loom)]
+    {
+        Ok(CpuSet::first_n(2))
+    }
+    #[cfg(not(loom))]
+    {
+        thread_affinity(0)
+    }
+}
+
+/// Restricts the calling thread to `cpus` (`sched_setaffinity`).
+pub fn set_current_affinity(cpus: &CpuSet) -> Result<()> {
+    let first = cpus.first().unwrap_or(0);
+    #[cfg(loom)]
+    {
+        let _ = first;
+        Ok(())
+    }
+    #[cfg(not(loom))]
+    {
+        if cpus.is_empty() {
+            return Err(Error::EmptyCpuSet);
+        }
+        // SAFETY: as in `allowed_cpus`.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for cpu in cpus.iter() {
+            if cpu > CpuSet::MAX_CPU {
+                return Err(Error::CpuOutOfRange {
+                    cpu,
+                    max: CpuSet::MAX_CPU,
+                });
+            }
+            // SAFETY: `cpu` was just checked against CPU_SETSIZE.
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        // SAFETY: `set` is a valid `cpu_set_t` of the size passed.
+        let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+        if rc != 0 {
+            return Err(Error::Affinity {
+                cpu: first,
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Pins the calling thread to `cpu`, which must be one the process may run on.
+///
+/// ```
+/// let allowed = qpw_core::allowed_cpus()?;
+/// let cpu = allowed.last().unwrap();
+/// qpw_core::pin_current_thread(cpu)?;
+/// assert_eq!(qpw_core::current_cpu(), Some(cpu));
+/// assert!(qpw_core::pin_current_thread(4095).is_err());
+/// # Ok::<(), qpw_core::Error>(())
+/// ```
+pub fn pin_current_thread(cpu: usize) -> Result<()> {
+    if cpu > CpuSet::MAX_CPU {
+        return Err(Error::CpuOutOfRange {
+            cpu,
+            max: CpuSet::MAX_CPU,
+        });
+    }
+    let allowed = allowed_cpus()?;
+    if !allowed.contains(cpu) {
+        return Err(Error::CpuNotAllowed { cpu, allowed });
+    }
+    set_current_affinity(&CpuSet::from_iter([cpu]))
+}
+
+/// The CPU the calling thread runs on now (`sched_getcpu`), or `None` where the system cannot
+/// tell (and always under loom). The answer may be stale by the time it is used unless the
+/// thread is pinned.
+#[inline]
+pub fn current_cpu() -> Option<usize> {
+    #[cfg(loom)]
+    {
+        None
+    }
+    #[cfg(not(loom))]
+    {
+        // SAFETY: `sched_getcpu` has no preconditions.
+        let cpu = unsafe { libc::sched_getcpu() };
+        usize::try_from(cpu).ok()
+    }
+}
+
+/// Makes the calling thread `SCHED_FIFO` at `priority` (1-99).
+pub fn set_current_fifo(priority: i32) -> Result<()> {
+    if !(1..=99).contains(&priority) {
+        return Err(Error::PriorityOutOfRange { priority });
+    }
+    #[cfg(loom)]
+    {
+        Ok(())
+    }
+    #[cfg(not(loom))]
+    {
+        let param = libc::sched_param {
+            sched_priority: priority,
+        };
+        // SAFETY: `param` is a valid `sched_param`; pid 0 is the calling thread.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+        if rc != 0 {
+            return Err(Error::SchedFifo {
+                priority,
+                source: io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Pins another thread (by its pthread handle) to `cpu`.
+#[cfg(not(loom))]
+pub(crate) fn pin_thread(thread: libc::pthread_t, cpu: usize) -> Result<()> {
+    if cpu > CpuSet::MAX_CPU {
+        return Err(Error::CpuOutOfRange {
+            cpu,
+            max: CpuSet::MAX_CPU,
+        });
+    }
+    // SAFETY: as in `allowed_cpus`.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `cpu` was just checked against CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: `thread` is a live thread (the caller holds its join handle) and `set` is a valid
+    // `cpu_set_t` of the size passed.
+    let rc = unsafe { libc::pthread_setaffinity_np(thread, std::mem::size_of_val(&set), &set) };
+    if rc != 0 {
+        return Err(Error::Affinity {
+            cpu,
+            source: io::Error::from_raw_os_error(rc),
+        });
+    }
+    Ok(())
+}
+
+/// Makes another thread (by its pthread handle) `SCHED_FIFO` at `priority`.
+#[cfg(not(loom))]
+pub(crate) fn set_thread_fifo(thread: libc::pthread_t, priority: i32) -> Result<()> {
+    if !(1..=99).contains(&priority) {
+        return Err(Error::PriorityOutOfRange { priority });
+    }
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: `thread` is a live thread (the caller holds its join handle); `param` is valid.
+    let rc = unsafe { libc::pthread_setschedparam(thread, libc::SCHED_FIFO, &param) };
+    if rc != 0 {
+        return Err(Error::SchedFifo {
+            priority,
+            source: io::Error::from_raw_os_error(rc),
+        });
+    }
+    Ok(())
+}
+
+/// Makes the calling thread `SCHED_OTHER` again (nice 0).
+pub fn set_current_normal() -> Result<()> {
+    #[cfg(not(loom))]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid `sched_param`; pid 0 is the calling thread.
+        let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
+        if rc != 0 {
+            return Err(Error::SchedFifo {
+                priority: 0,
+                source: io::Error::last_os_error(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pin_and_read_back() {
+        let allowed = allowed_cpus().unwrap();
+        assert!(!allowed.is_empty());
+        for cpu in allowed.iter() {
+            pin_current_thread(cpu).unwrap();
+            assert_eq!(current_cpu(), Some(cpu));
+        }
+        set_current_affinity(&allowed).unwrap();
+    }
+
+    #[test]
+    fn pin_outside_the_allowed_set_names_it() {
+        let allowed = allowed_cpus().unwrap();
+        let outside = (0..=CpuSet::MAX_CPU)
+            .find(|&c| !allowed.contains(c))
+            .unwrap();
+        let err = pin_current_thread(outside).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!("cpu {outside} is not in the allowed set {allowed}")
+        );
+        let err = pin_current_thread(4096).unwrap_err().to_string();
+        assert!(err.contains("0 to 1023"), "{err}");
+    }
+
+    #[test]
+    fn fifo_priority_range_is_checked() {
+        assert!(matches!(
+            set_current_fifo(0),
+            Err(Error::PriorityOutOfRange { priority: 0 })
+        ));
+        assert!(set_current_fifo(100)
+            .unwrap_err()
+            .to_string()
+            .contains("1-99"));
+    }
+}

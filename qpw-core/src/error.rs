@@ -1,0 +1,181 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::CpuSet;
+
+/// Everything that can go wrong in qpw-core. Each message names the bad input and, where there
+/// is one, the legal range.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A CPU list such as `0-`, `5-2` or `x` that does not parse.
+    #[error("invalid CPU list `{input}`: {reason} (expected a list such as `0,2-5`)")]
+    CpuListSyntax {
+        /// The list as given.
+        input: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A CPU number past what the system can name.
+    #[error("cpu {cpu} is out of range: CPU numbers go from 0 to {max}")]
+    CpuOutOfRange {
+        /// The CPU given.
+        cpu: usize,
+        /// The largest legal CPU number.
+        max: usize,
+    },
+
+    /// A CPU the process may not run on (outside `sched_getaffinity`).
+    #[error("cpu {cpu} is not in the allowed set {allowed}")]
+    CpuNotAllowed {
+        /// The CPU given.
+        cpu: usize,
+        /// The CPUs the process may run on.
+        allowed: CpuSet,
+    },
+
+    /// A CPU that this framework instance does not manage.
+    #[error("cpu {cpu} is not in the managed set {managed}")]
+    CpuNotManaged {
+        /// The CPU given.
+        cpu: usize,
+        /// The CPUs the instance manages.
+        managed: CpuSet,
+    },
+
+    /// An instance needs at least one CPU.
+    #[error("the CPU set is empty: an instance needs at least one CPU")]
+    EmptyCpuSet,
+
+    /// Too many (or zero) logical CPUs asked for.
+    #[error("{count} logical CPUs asked for: the legal range is 1-{max}")]
+    LogicalCpuCount {
+        /// The count given.
+        count: usize,
+        /// The largest legal count.
+        max: usize,
+    },
+
+    /// A mode policy name that is not one of ours.
+    #[error(
+        "unknown mode `{input}`: expected `queue`, `remote`, `isolated`, or `remote:<cpu-list>`"
+    )]
+    UnknownMode {
+        /// The name as given.
+        input: String,
+    },
+
+    /// A queue-mode CPU's lock taken by a thread that does not belong to that CPU.
+    #[error(
+        "cpu {cpu} is in queue mode: its lock may only be taken by that CPU's own threads, \
+         and the caller {}",
+        match caller { Some(c) => format!("runs on cpu {c}"), None => "is not bound to a CPU of this instance".to_string() }
+    )]
+    NotLocal {
+        /// The CPU whose lock was asked for.
+        cpu: usize,
+        /// Where the caller runs, when that is known.
+        caller: Option<usize>,
+    },
+
+    /// `lock_local` from a thread whose CPU the instance cannot tell.
+    #[error(
+        "the calling thread's CPU is unknown to this instance of {managed}: bind it with \
+         `Qpw::bind_current` first"
+    )]
+    Unbound {
+        /// The CPUs the instance manages.
+        managed: CpuSet,
+    },
+
+    /// Queued work that did not complete in time: the target CPU's worker did not get to run.
+    #[error(
+        "work queued on cpu {cpu} has not run after {waited:?} (timeout {timeout:?}): \
+         the CPU's worker did not get the CPU"
+    )]
+    Stall {
+        /// The CPU the work was queued on.
+        cpu: usize,
+        /// How long the flush waited.
+        waited: Duration,
+        /// The timeout the flush was given.
+        timeout: Duration,
+    },
+
+    /// A work item panicked while it ran.
+    #[error("work on cpu {cpu} panicked: {message}")]
+    WorkPanicked {
+        /// The CPU the work ran for.
+        cpu: usize,
+        /// The panic's message.
+        message: String,
+    },
+
+    /// Work queued after the instance began to shut down.
+    #[error("work for cpu {cpu} refused: the instance is shutting down")]
+    ShutDown {
+        /// The CPU the work was meant for.
+        cpu: usize,
+    },
+
+    /// A `SCHED_FIFO` priority outside 1-99.
+    #[error("SCHED_FIFO priority {priority} is out of range: the legal range is 1-99")]
+    PriorityOutOfRange {
+        /// The priority given.
+        priority: i32,
+    },
+
+    /// `SCHED_FIFO` refused by the system.
+    #[error(
+        "cannot set SCHED_FIFO priority {priority}: {source} (needs root, CAP_SYS_NICE or an \
+         RLIMIT_RTPRIO of at least {priority})"
+    )]
+    SchedFifo {
+        /// The priority asked for.
+        priority: i32,
+        /// The system's answer.
+        source: std::io::Error,
+    },
+
+    /// `sched_setaffinity` or `sched_getaffinity` failed.
+    #[error("cannot set the CPU affinity to cpu {cpu}: {source}")]
+    Affinity {
+        /// The CPU asked for.
+        cpu: usize,
+        /// The system's answer.
+        source: std::io::Error,
+    },
+
+    /// A worker thread could not be started.
+    #[error("cannot start the worker thread for cpu {cpu}: {source}")]
+    Spawn {
+        /// The worker's CPU.
+        cpu: usize,
+        /// The system's answer.
+        source: std::io::Error,
+    },
+
+    /// A sysfs file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Topology {
+        /// The file.
+        path: PathBuf,
+        /// The system's answer.
+        source: std::io::Error,
+    },
+
+    /// A sysfs file whose contents do not parse.
+    #[error("{}: {source}", path.display())]
+    TopologySyntax {
+        /// The file.
+        path: PathBuf,
+        /// Why it does not parse.
+        source: Box<Error>,
+    },
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,445 @@
+//! The framework instance: which CPUs it manages, each CPU's mode, the workers, and thread
+//! binding.
+//!
+//! The mode of every CPU is fixed in [`Builder::build`], and everything that depends on it
+//! ([`PerCpu`] state, [`PerCpuWork`] items) is created *from* the built instance. A lock can
+//! therefore never be used in a mode other than the one it was made for: the kernel reviewers'
+//! "initialise the locks after the mode is fixed" rule, made structural.
+
+use std::cell::Cell;
+use std::fmt;
+use std::marker::PhantomData;
+use std::path::PathBuf;
+
+use crate::affinity;
+use crate::sync::thread_local;
+use crate::work::WorkerPool;
+use crate::{CpuSet, Error, Mode, PerCpu, PerCpuWork, Policy, Result, Topology, WorkCtx};
+
+/// Which CPUs an instance manages.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CpuSpec {
+    /// The CPUs the process may run on (`sched_getaffinity`).
+    #[default]
+    Allowed,
+    /// These physical CPUs, each of which must be allowed.
+    List(CpuSet),
+    /// `n` logical CPUs `0..n`, multiplexed round-robin onto the allowed physical CPUs: logical
+    /// CPU `i` runs on the `i % m`-th allowed CPU. For scale experiments (128 CPUs on a small
+    /// machine); reports must say so, and [`Qpw::describe`] does.
+    Logical(usize),
+}
+
+/// Builds a [`Qpw`] instance.
+///
+/// ```
+/// use qpw_core::{CpuSpec, Policy, Qpw};
+///
+/// let qpw = Qpw::builder()
+///     .cpus(CpuSpec::Logical(4))
+///     .policy(Policy::RemoteOn("3".parse()?))
+///     .build()?;
+/// assert_eq!(qpw.cpus().to_string(), "0-3");
+/// assert_eq!(qpw.mode(3)?, qpw_core::Mode::Remote);
+/// assert_eq!(qpw.mode(0)?, qpw_core::Mode::Queue);
+/// # Ok::<(), qpw_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Builder {
+    cpus: CpuSpec,
+    policy: Policy,
+    topology: Option<Topology>,
+    sysfs_root: Option<PathBuf>,
+    worker_priority: Option<i32>,
+}
+
+impl Builder {
+    /// Which CPUs to manage (default: the allowed ones).
+    pub fn cpus(mut self, cpus: CpuSpec) -> Self {
+        self.cpus = cpus;
+        self
+    }
+
+    /// How to choose each CPU's mode (default: all queue, like the kernel).
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The topology to take isolated CPUs from (default: read from `/sys` when the policy is
+    /// [`Policy::Isolated`]).
+    pub fn topology(mut self, topology: Topology) -> Self {
+        self.topology = Some(topology);
+        self
+    }
+
+    /// Reads the topology from this sysfs root instead of `/sys` (for tests with a fake tree).
+    pub fn sysfs_root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.sysfs_root = Some(root.into());
+        self
+    }
+
+    /// Runs the workers `SCHED_FIFO` at this priority (1-99); `build` fails with a clear error
+    /// where that is not permitted.
+    pub fn worker_priority(mut self, priority: i32) -> Self {
+        self.worker_priority = Some(priority);
+        self
+    }
+
+    /// Builds the instance: checks the CPUs, fixes every CPU's mode, and starts a worker on each
+    /// queue-mode CPU.
+    pub fn build(self) -> Result<Qpw> {
+        if let Some(priority) = self.worker_priority {
+            if !(1..=99).contains(&priority) {
+                return Err(Error::PriorityOutOfRange { priority });
+            }
+        }
+        let allowed = affinity::allowed_cpus()?;
+        let (managed, phys, logical) = match &self.cpus {
+            CpuSpec::Allowed => (allowed.clone(), allowed.as_slice().to_vec(), false),
+            CpuSpec::List(list) => {
+                if list.is_empty() {
+                    return Err(Error::EmptyCpuSet);
+                }
+                if let Some(cpu) = list.iter().find(|&c| !allowed.contains(c)) {
+                    return Err(Error::CpuNotAllowed { cpu, allowed });
+                }
+                (list.clone(), list.as_slice().to_vec(), false)
+            }
+            &CpuSpec::Logical(n) => {
+                let max = CpuSet::MAX_CPU + 1;
+                if n == 0 || n > max {
+                    return Err(Error::LogicalCpuCount { count: n, max });
+                }
+                let phys = (0..n)
+                    .map(|i| allowed.as_slice()[i % allowed.len()])
+                    .collect();
+                (CpuSet::first_n(n), phys, true)
+            }
+        };
+        if managed.is_empty() {
+            return Err(Error::EmptyCpuSet);
+        }
+
+        let needs_topology = matches!(self.policy, Policy::Isolated);
+        let topology = match (self.topology, self.sysfs_root) {
+            (Some(t), _) => Some(t),
+            (None, Some(root)) => Some(Topology::read_from(root)?),
+            (None, None) if needs_topology => Some(Topology::read()?),
+            (None, None) => None,
+        };
+        let isolated = topology
+            .as_ref()
+            .map(Topology::isolated_or_nohz_full)
+            .unwrap_or_default();
+
+        // A logical CPU takes the isolation of the physical CPU it runs on.
+        let modes: Vec<Mode> = phys
+            .iter()
+            .zip(managed.iter())
+            .map(|(&p, id)| {
+                let key = if logical { p } else { id };
+                match &self.policy {
+                    Policy::RemoteOn(_) => self.policy.mode_of(id, &isolated),
+                    _ => self.policy.mode_of(key, &isolated),
+                }
+            })
+            .collect();
+
+        let mut index = vec![usize::MAX; managed.last().map_or(0, |c| c + 1)];
+        for (idx, cpu) in managed.iter().enumerate() {
+            index[cpu] = idx;
+        }
+
+        let inner = crate::sync::Arc::new(Inner {
+            id: crate::sync::next_instance_id(),
+            managed,
+            index,
+            phys,
+            modes,
+            logical,
+            policy: self.policy,
+            isolated,
+            workers: WorkerPool::new(self.worker_priority),
+        });
+        // Start the workers of the queue-mode CPUs now, so that a permission error surfaces here.
+        for idx in 0..inner.modes.len() {
+            if inner.modes[idx] == Mode::Queue {
+                inner.worker(idx)?;
+            }
+        }
+        Ok(Qpw { inner })
+    }
+}
+
+thread_local! {
+    /// The (instance id, CPU) this thread was bound to by the framework, if any.
+    static BINDING: Cell<Option<(u64, usize)>> = Cell::new(None);
+}
+
+pub(crate) fn binding() -> Option<(u64, usize)> {
+    BINDING.with(Cell::get)
+}
+
+pub(crate) fn set_binding(binding: Option<(u64, usize)>) -> Option<(u64, usize)> {
+    BINDING.with(|b| b.replace(binding))
+}
+
+/// What every handle of an instance shares.
+pub(crate) struct Inner {
+    pub(crate) id: u64,
+    pub(crate) managed: CpuSet,
+    /// CPU id to slot index (`usize::MAX`: not managed).
+    index: Vec<usize>,
+    /// Slot index to the physical CPU its threads run on.
+    pub(crate) phys: Vec<usize>,
+    /// Slot index to mode.
+    pub(crate) modes: Vec<Mode>,
+    pub(crate) logical: bool,
+    policy: Policy,
+    isolated: CpuSet,
+    pub(crate) workers: WorkerPool,
+}
+
+impl fmt::Debug for Inner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Qpw")
+            .field("id", &self.id)
+            .field("cpus", &self.managed)
+            .field("logical", &self.logical)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    /// The slot index of `cpu`, or the error naming the managed set.
+    #[inline]
+    pub(crate) fn idx(&self, cpu: usize) -> Result<usize> {
+        match self.index.get(cpu) {
+            Some(&idx) if idx != usize::MAX => Ok(idx),
+            _ => Err(self.not_managed(cpu)),
+        }
+    }
+
+    #[cold]
+    fn not_managed(&self, cpu: usize) -> Error {
+        Error::CpuNotManaged {
+            cpu,
+            managed: self.managed.clone(),
+        }
+    }
+
+    /// The CPU of this instance the calling thread belongs to: its binding, or for physical
+    /// instances the CPU it runs on now.
+    #[inline]
+    pub(crate) fn current_cpu(&self) -> Option<usize> {
+        if let Some((id, cpu)) = binding() {
+            if id == self.id {
+                return Some(cpu);
+            }
+        }
+        if self.logical {
+            return None;
+        }
+        affinity::current_cpu().filter(|&c| self.managed.contains(c))
+    }
+
+    /// The worker of slot `idx`, started on first use.
+    pub(crate) fn worker(&self, idx: usize) -> Result<crate::sync::Arc<crate::work::Worker>> {
+        let cpu = self.managed.as_slice()[idx];
+        self.workers
+            .get(self.id, idx, cpu, self.phys[idx], self.modes.len())
+    }
+}
+
+/// A framework instance: the managed CPUs, their modes, and the workers of the queue-mode
+/// CPUs.
+///
+/// Dropping it (or calling [`Qpw::shutdown`]) stops the workers after they have run every item
+/// already queued; work queued after that is refused with [`Error::ShutDown`].
+pub struct Qpw {
+    inner: crate::sync::Arc<Inner>,
+}
+
+impl fmt::Debug for Qpw {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl Qpw {
+    /// A builder, for CPU sets and policies other than the defaults.
+    pub fn builder() -> Builder {
+        Builder::default()
+    }
+
+    /// An instance over the allowed CPUs with `policy`.
+    pub fn new(policy: Policy) -> Result<Self> {
+        Self::builder().policy(policy).build()
+    }
+
+    /// The managed CPUs.
+    pub fn cpus(&self) -> &CpuSet {
+        &self.inner.managed
+    }
+
+    /// Whether the CPUs are logical ones multiplexed onto fewer physical CPUs.
+    pub fn is_logical(&self) -> bool {
+        self.inner.logical
+    }
+
+    /// The policy the modes were chosen by.
+    pub fn policy(&self) -> &Policy {
+        &self.inner.policy
+    }
+
+    /// The CPUs the policy treated as isolated.
+    pub fn isolated(&self) -> &CpuSet {
+        &self.inner.isolated
+    }
+
+    /// The mode of `cpu`.
+    pub fn mode(&self, cpu: usize) -> Result<Mode> {
+        Ok(self.inner.modes[self.inner.idx(cpu)?])
+    }
+
+    /// The managed CPUs in `mode`.
+    pub fn cpus_in(&self, mode: Mode) -> CpuSet {
+        self.inner
+            .managed
+            .iter()
+            .zip(&self.inner.modes)
+            .filter(|&(_, &m)| m == mode)
+            .map(|(c, _)| c)
+            .collect()
+    }
+
+    /// The physical CPU that `cpu`'s threads run on (itself, unless the CPUs are logical).
+    pub fn physical_cpu(&self, cpu: usize) -> Result<usize> {
+        Ok(self.inner.phys[self.inner.idx(cpu)?])
+    }
+
+    /// The kernel's `pw_is_cpu_remote(cpu)`: true when `cpu` is in remote mode and is not the
+    /// caller's CPU, i.e. when work for it would run here, on another CPU.
+    pub fn is_cpu_remote(&self, cpu: usize) -> bool {
+        matches!(self.mode(cpu), Ok(Mode::Remote)) && self.inner.current_cpu() != Some(cpu)
+    }
+
+    /// The CPU of this instance that the calling thread belongs to, if it can be told.
+    pub fn current_cpu(&self) -> Option<usize> {
+        self.inner.current_cpu()
+    }
+
+    /// A one-line description for reports, saying whether the CPUs are physical or logical and
+    /// which mode each has.
+    pub fn describe(&self) -> String {
+        let queue = self.cpus_in(Mode::Queue);
+        let remote = self.cpus_in(Mode::Remote);
+        let kind = if self.inner.logical {
+            let phys: CpuSet = self.inner.phys.iter().copied().collect();
+            format!(
+                "{} logical CPUs multiplexed onto physical CPUs {phys}",
+                self.inner.managed.len()
+            )
+        } else {
+            format!("physical CPUs {}", self.inner.managed)
+        };
+        format!(
+            "{kind}; policy {}: queue on {queue}, remote on {remote}",
+            self.inner.policy
+        )
+    }
+
+    /// Pins the calling thread to `cpu`'s physical CPU and registers it as a thread of `cpu`, so
+    /// that [`PerCpu::lock_local`] and the queue-mode [`PerCpu::lock`] know where it belongs.
+    /// Dropping the returned [`Binding`] restores the previous affinity and registration.
+    pub fn bind_current(&self, cpu: usize) -> Result<Binding> {
+        let idx = self.inner.idx(cpu)?;
+        let previous_affinity = affinity::current_affinity()?;
+        affinity::set_current_affinity(&CpuSet::from_iter([self.inner.phys[idx]]))?;
+        let previous = set_binding(Some((self.inner.id, cpu)));
+        Ok(Binding {
+            previous,
+            previous_affinity,
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Per-CPU state, one slot per managed CPU, initialised with `init(cpu)`, each behind that
+    /// CPU's [`FairLock`](crate::FairLock) (the kernel's `DEFINE_PER_CPU` plus `pw_lock_init`).
+    pub fn per_cpu<T>(&self, init: impl FnMut(usize) -> T) -> PerCpu<T> {
+        PerCpu::new(self.inner.clone(), init)
+    }
+
+    /// A per-CPU work item (`struct pw_struct` on every CPU, `INIT_PW`): `func` runs once per
+    /// [`PerCpuWork::queue_on`], for the CPU named in its [`WorkCtx`].
+    pub fn work<F>(&self, func: F) -> Result<PerCpuWork>
+    where
+        F: Fn(&WorkCtx) + Send + Sync + 'static,
+    {
+        PerCpuWork::new(self.inner.clone(), crate::sync::Arc::new(func), false)
+    }
+
+    /// A per-CPU work item that must really run *on* its CPU, so it is queued to that CPU's
+    /// worker in every mode (the kernel keeps the bh-LRU drain and SLUB's
+    /// `flush_rcu_sheaves_on_cache` queued even with `pwlocks=1`). Starts workers on
+    /// remote-mode CPUs if they have none yet.
+    pub fn work_on_cpu<F>(&self, func: F) -> Result<PerCpuWork>
+    where
+        F: Fn(&WorkCtx) + Send + Sync + 'static,
+    {
+        PerCpuWork::new(self.inner.clone(), crate::sync::Arc::new(func), true)
+    }
+
+    /// Stops the workers once each has run every item already queued, and says what ran
+    /// during the shutdown. Work queued from now on is refused with [`Error::ShutDown`].
+    pub fn shutdown(self) -> ShutdownReport {
+        self.inner.workers.shutdown()
+    }
+}
+
+impl Drop for Qpw {
+    fn drop(&mut self) {
+        let report = self.inner.workers.shutdown();
+        for (cpu, message) in &report.panicked {
+            eprintln!("qpw: work on cpu {cpu} panicked during shutdown: {message}");
+        }
+    }
+}
+
+/// What the workers did while the instance shut down.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Work items that were still queued when the shutdown began and ran before the workers
+    /// exited.
+    pub ran: usize,
+    /// The items among those that panicked, by CPU, with their messages.
+    pub panicked: Vec<(usize, String)>,
+}
+
+/// The calling thread's registration with a CPU, from [`Qpw::bind_current`]. Not `Send`:
+/// it belongs to the thread it binds.
+#[must_use = "dropping the binding unbinds the thread at once"]
+pub struct Binding {
+    previous: Option<(u64, usize)>,
+    previous_affinity: CpuSet,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl fmt::Debug for Binding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Binding")
+            .field("cpu", &binding().map(|(_, cpu)| cpu))
+            .finish()
+    }
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        set_binding(self.previous);
+        // The previous mask was valid when it was read; if the system has changed since, the
+        // thread simply stays pinned, which is safe.
+        let _ = affinity::set_current_affinity(&self.previous_affinity);
+    }
+}

@@ -1,0 +1,128 @@
+//! Per-CPU state behind local locks, and per-CPU work that is either queued to a worker pinned
+//! on the target CPU or run at once by the caller under the target CPU's lock.
+//!
+//! # The problem
+//!
+//! Linux keeps hot per-CPU caches (LRU folio batches, memcg charge stocks, SLUB sheaves) that
+//! their own CPU touches under `local_lock()` and that another CPU must now and then drain.
+//! The drain is done with `queue_work_on(cpu)` + `flush_work()`: a kworker must run *on* the
+//! target CPU. On an isolated CPU running a latency-critical task that either preempts the task
+//! (a latency spike) or, if the task is `SCHED_FIFO` and never yields, never runs, and the
+//! requester waits forever. The QPW / "Per-CPU Work" patches (Leonardo Bras, RFC 2024; v4 2026,
+//! `pw_*`, `pwlocks=`) make the choice a switch: in mode 1 the per-CPU lock becomes a real
+//! spinlock that any CPU can take, and "queuing" work means taking the target's lock and
+//! running the work right away in the caller.
+//!
+//! This crate is that framework in userspace. A [`Qpw`] instance manages a set of CPUs and
+//! fixes each one's [`Mode`] when it is built; [`PerCpu`] state and [`PerCpuWork`] items are made
+//! from the instance, so no lock is ever used in a mode it was not made for.
+//!
+//! # The kernel API and its counterparts
+//!
+//! | kernel (v4) | kernel (v1) | qpw | queue mode | remote mode |
+//! |---|---|---|---|---|
+//! | `pwlocks=` / `CONFIG_PWLOCKS` | `CONFIG_QPW` | [`Policy`], [`Builder::policy`] | `queue` | `remote`; `isolated` picks per CPU |
+//! | `DEFINE_PER_CPU` + `pw_lock_init` | `qpw_lock_init` | [`Qpw::per_cpu`] | | |
+//! | `pw_lock_local(l)` | `local_qpw_lock` | [`PerCpu::lock_local`] | lock the caller's CPU | same |
+//! | `pw_trylock_local(l)` | `local_qpw_trylock` | [`PerCpu::try_lock_local`] | try the caller's CPU | same |
+//! | `pw_lock(l, cpu)` | `qpw_lock` | [`PerCpu::lock`] | only from `cpu`'s own threads, else [`Error::NotLocal`] | from any thread |
+//! | `pw_trylock(l, cpu)` | `qpw_trylock` | [`PerCpu::try_lock`] | as `lock` | as `lock` |
+//! | `pw_lock(l, pw_get_cpu(w))` in a work function | same | [`PerCpu::lock_work`] | the worker's own CPU | the target CPU, from the caller |
+//! | `*_irqsave` variants | same | none | userspace has no interrupts to mask | |
+//! | per-CPU `struct pw_struct`, `INIT_PW` | `qpw_struct`, `INIT_QPW` | [`Qpw::work`] | one slot per CPU, preallocated | same |
+//! | `pw_queue_on(cpu, wq, pw)` | `queue_percpu_work_on` | [`PerCpuWork::queue_on`] | post to the CPU's worker; `false` if already pending | run now in the caller; `true` |
+//! | `pw_flush(pw)` | `flush_percpu_work` | [`PerCpuWork::flush`], [`PerCpuWork::flush_timeout`] | wait for the runs queued so far | nothing to wait for |
+//! | `pw_get_cpu(work)` | `qpw_get_cpu` | [`WorkCtx::cpu`] | the worker's CPU | the target CPU |
+//! | `pw_is_cpu_remote(cpu)` | none | [`Qpw::is_cpu_remote`] | `false` | `cpu` is not the caller's |
+//! | `queue_work_on` kept in mode 1 (bh-LRU drain) | same | [`Qpw::work_on_cpu`] | queued | still queued |
+//! | `for_each_cpu` queue, then flush each | same | [`PerCpuWork::drain_all`] | | |
+//! | kworker bound to a CPU | same | the worker thread `qpw/<cpu>` | started at build | started only for [`Qpw::work_on_cpu`] items |
+//! | `cpumask_any_housekeeping` | same | [`Topology::housekeeping_cpu`] | | |
+//!
+//! # How the local lock excludes, in each mode, and what it costs
+//!
+//! Userspace has no `preempt_disable()`: two threads of one CPU can interleave, so even the
+//! owner's path needs a real lock word. Every slot of a [`PerCpu`] is guarded by a
+//! [`RawLocalLock`]; the default, [`FairLock`], is one atomic word (`parking_lot`'s):
+//!
+//! - **Queue mode.** Only the CPU's own threads take the lock: its worker (which runs the
+//!   queued work) and threads bound to or running on that CPU. The lock still matters, because
+//!   the worker can be woken in the middle of another thread's critical section on the same
+//!   CPU. It costs one uncontended compare-and-swap to take and one to release (a few
+//!   nanoseconds: what PREEMPT_RT's `local_lock` pays), and the line stays in the CPU's cache.
+//! - **Remote mode.** Any thread may take the lock, and a drain does: the cache line moves to
+//!   the requester and back, once per drain, instead of a context switch on the target. The
+//!   owner's fast path is the same compare-and-swap as in queue mode.
+//!
+//! Why it is correct: the word is changed only by atomic read-modify-write with acquire/release
+//! ordering, so exclusion holds whatever CPUs the contenders run on, and the data written by
+//! one holder is visible to the next. Why it stays bounded: a waiter spins only briefly and then
+//! sleeps (a waiter on the same CPU as a preempted holder would otherwise spin against a thread
+//! that cannot run), and every release hands the lock to the first sleeping waiter
+//! (`unlock_fair`), so a thread that takes and drops the lock in a tight loop cannot starve the
+//! worker. A quick prototype of this project measured a queue-mode drain against such a thread
+//! at over a second with a spin-then-yield lock, about 3 ms (one scheduler slice) with a parking
+//! lock and fair hand-off, and about 4 us for the same drain in remote mode.
+//!
+//! The lock is a type parameter so that cheaper owner paths (rseq, single owner) can be added
+//! without touching callers; [`RawRemoteLock`] marks the locks that may be taken from another
+//! CPU, and only those get [`PerCpu::lock`].
+//!
+//! # An example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use qpw_core::{CpuSpec, Policy, Qpw};
+//!
+//! // Two logical CPUs, cpu 1 "isolated": remote mode there, queue mode on cpu 0.
+//! let qpw = Qpw::builder()
+//!     .cpus(CpuSpec::Logical(2))
+//!     .policy(Policy::RemoteOn("1".parse()?))
+//!     .build()?;
+//! let cache = Arc::new(qpw.per_cpu(|_cpu| Vec::<u32>::new()));
+//!
+//! // Each CPU's own threads fill their cache.
+//! for cpu in 0..2 {
+//!     let _bound = qpw.bind_current(cpu)?;
+//!     cache.lock_local()?.extend([1, 2, 3]);
+//! }
+//!
+//! // A drain: the work empties whichever CPU it runs for.
+//! let sink = Arc::new(std::sync::Mutex::new(Vec::new()));
+//! let (c, s) = (cache.clone(), sink.clone());
+//! let drain = qpw.work(move |ctx| {
+//!     let mut local = c.lock_work(ctx);
+//!     s.lock().unwrap().append(&mut local);
+//! })?;
+//! let report = drain.drain_all(|_cpu| true).into_result()?;
+//! assert_eq!(report.queued.to_string(), "0"); // posted to cpu 0's worker
+//! assert_eq!(report.ran_remote.to_string(), "1"); // run here, under cpu 1's lock
+//! assert_eq!(sink.lock().unwrap().len(), 6);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#![warn(missing_docs, unsafe_op_in_unsafe_fn)]
+
+mod affinity;
+mod cpuset;
+mod error;
+mod instance;
+mod mode;
+mod percpu;
+mod raw_lock;
+pub mod sync;
+mod topology;
+mod work;
+
+pub use affinity::{
+    allowed_cpus, current_affinity, current_cpu, pin_current_thread, set_current_affinity,
+    set_current_fifo, set_current_normal,
+};
+pub use cpuset::CpuSet;
+pub use error::{Error, Result};
+pub use instance::{Binding, Builder, CpuSpec, Qpw, ShutdownReport};
+pub use mode::{Mode, Policy};
+pub use percpu::{PerCpu, PerCpuGuard};
+pub use raw_lock::{FairLock, RawLocalLock, RawRemoteLock};
+pub use topology::{FakeSysfs, Topology};
+pub use work::{DrainReport, PerCpuWork, WorkCtx};

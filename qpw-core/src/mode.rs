@@ -1,0 +1,134 @@
+//! How each CPU's remote work is done: queued to the CPU's worker, or run by the caller under
+//! the CPU's lock.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{CpuSet, Error, Result};
+
+/// The mode of one CPU, the kernel's `pwlocks=` switch taken per CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Kernel mode 0: `queue_on` posts the work to the CPU's worker thread, pinned there;
+    /// `flush` waits for it. Only that CPU's threads take its lock.
+    Queue,
+    /// Kernel mode 1: `queue_on` runs the work at once in the caller, under the CPU's lock;
+    /// `flush` has nothing to wait for.
+    Remote,
+}
+
+impl Mode {
+    /// The mode's name as the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Queue => "queue",
+            Mode::Remote => "remote",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How an instance chooses each CPU's [`Mode`]. Fixed when the instance is built.
+///
+/// Parsed from `queue`, `remote`, `isolated`, or `remote:<cpu-list>`:
+///
+/// ```
+/// use qpw_core::Policy;
+///
+/// assert_eq!("isolated".parse::<Policy>()?, Policy::Isolated);
+/// assert_eq!("remote:1,3".parse::<Policy>()?, Policy::RemoteOn("1,3".parse()?));
+/// assert!("fast".parse::<Policy>().is_err());
+/// # Ok::<(), qpw_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Policy {
+    /// Every CPU in queue mode (the kernel's default, `pwlocks=0`).
+    #[default]
+    Queue,
+    /// Every CPU in remote mode (`pwlocks=1`).
+    Remote,
+    /// Remote mode on isolated and `nohz_full` CPUs, queue mode on the others: only the CPUs that
+    /// must not be disturbed pay for remote-capable locking.
+    Isolated,
+    /// Remote mode on the listed CPUs, queue mode on the rest.
+    RemoteOn(CpuSet),
+}
+
+impl Policy {
+    /// The mode of `cpu` under this policy, given the isolated CPUs.
+    pub fn mode_of(&self, cpu: usize, isolated: &CpuSet) -> Mode {
+        let remote = match self {
+            Policy::Queue => false,
+            Policy::Remote => true,
+            Policy::Isolated => isolated.contains(cpu),
+            Policy::RemoteOn(set) => set.contains(cpu),
+        };
+        if remote {
+            Mode::Remote
+        } else {
+            Mode::Queue
+        }
+    }
+}
+
+impl FromStr for Policy {
+    type Err = Error;
+
+    fn from_str(input: &str) -> Result<Self> {
+        match input.trim() {
+            "queue" => Ok(Policy::Queue),
+            "remote" => Ok(Policy::Remote),
+            "isolated" => Ok(Policy::Isolated),
+            other => match other.strip_prefix("remote:") {
+                Some(list) => Ok(Policy::RemoteOn(list.parse()?)),
+                None => Err(Error::UnknownMode {
+                    input: input.to_string(),
+                }),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Policy::Queue => f.write_str("queue"),
+            Policy::Remote => f.write_str("remote"),
+            Policy::Isolated => f.write_str("isolated"),
+            Policy::RemoteOn(set) => write!(f, "remote:{set}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_round_trips() {
+        for text in ["queue", "remote", "isolated", "remote:1,3-5"] {
+            assert_eq!(text.parse::<Policy>().unwrap().to_string(), text);
+        }
+    }
+
+    #[test]
+    fn unknown_names_are_named() {
+        let err = "rmeote".parse::<Policy>().unwrap_err().to_string();
+        assert!(err.starts_with("unknown mode `rmeote`"), "{err}");
+        let err = "remote:0-".parse::<Policy>().unwrap_err().to_string();
+        assert!(err.contains("`0-`"), "{err}");
+    }
+
+    #[test]
+    fn isolated_policy_follows_the_isolated_set() {
+        let iso: CpuSet = "3".parse().unwrap();
+        assert_eq!(Policy::Isolated.mode_of(3, &iso), Mode::Remote);
+        assert_eq!(Policy::Isolated.mode_of(2, &iso), Mode::Queue);
+        assert_eq!(Policy::Queue.mode_of(3, &iso), Mode::Queue);
+    }
+}

@@ -1,0 +1,369 @@
+//! `PerCpu<T>`: one cache-padded slot per managed CPU, each behind that CPU's local lock.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ops::{Deref, DerefMut};
+
+use crossbeam_utils::CachePadded;
+
+use crate::instance::Inner;
+use crate::sync::{Arc, MutPtr, UnsafeCell};
+use crate::{CpuSet, Error, FairLock, Mode, RawLocalLock, RawRemoteLock, Result, WorkCtx};
+
+struct Slot<T, L> {
+    lock: L,
+    data: UnsafeCell<T>,
+}
+
+/// Per-CPU state: a `T` for every CPU of the instance it was made from, each behind that CPU's
+/// lock (the kernel's `DEFINE_PER_CPU` data with its `local_lock_t`/`pw_lock_t`).
+///
+/// - [`lock_local`](Self::lock_local) takes the calling thread's own CPU (`pw_lock_local`);
+/// - [`lock`](Self::lock) takes a named CPU (`pw_lock(l, cpu)`): from anywhere when that CPU is
+///   in remote mode, only from that CPU's own threads when it is in queue mode;
+/// - [`lock_work`](Self::lock_work) takes the CPU a work item runs for
+///   (`pw_lock(l, pw_get_cpu(w))`), wherever the work runs;
+/// - [`for_each_locked`](Self::for_each_locked) walks every CPU under its lock, for summaries.
+///
+/// ```
+/// use qpw_core::{CpuSpec, Policy, Qpw};
+///
+/// let qpw = Qpw::builder().cpus(CpuSpec::Logical(2)).policy(Policy::Remote).build()?;
+/// let counters = qpw.per_cpu(|_cpu| 0u64);
+/// *counters.lock(1)? += 5; // remote mode: any thread may take cpu 1's lock
+/// let mut total = 0;
+/// counters.for_each_locked(|_cpu, n| total += *n);
+/// assert_eq!(total, 5);
+/// # Ok::<(), qpw_core::Error>(())
+/// ```
+pub struct PerCpu<T, L: RawLocalLock = FairLock> {
+    inner: Arc<Inner>,
+    slots: Box<[CachePadded<Slot<T, L>>]>,
+}
+
+// SAFETY: the `T`s are only reached through a guard, which holds the slot's lock, so a `&PerCpu`
+// shared between threads hands each `T` to one thread at a time: like `Mutex<T>`, that needs
+// `T: Send` and no more.
+unsafe impl<T: Send, L: RawLocalLock> Sync for PerCpu<T, L> {}
+// SAFETY: moving the whole `PerCpu` moves the `T`s with it, which `T: Send` allows; `L` is
+// `Send` by its trait bound.
+unsafe impl<T: Send, L: RawLocalLock> Send for PerCpu<T, L> {}
+
+impl<T: fmt::Debug, L: RawLocalLock> fmt::Debug for PerCpu<T, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PerCpu")
+            .field("cpus", &self.inner.managed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T, L: RawLocalLock> PerCpu<T, L> {
+    pub(crate) fn new(inner: Arc<Inner>, mut init: impl FnMut(usize) -> T) -> Self {
+        let slots = inner
+            .managed
+            .iter()
+            .map(|cpu| {
+                CachePadded::new(Slot {
+                    lock: L::new(),
+                    data: UnsafeCell::new(init(cpu)),
+                })
+            })
+            .collect();
+        Self { inner, slots }
+    }
+
+    /// The CPUs with a slot.
+    pub fn cpus(&self) -> &CpuSet {
+        &self.inner.managed
+    }
+
+    /// Locks the calling thread's CPU (`pw_lock_local`). A thread bound with
+    /// [`Qpw::bind_current`](crate::Qpw::bind_current) uses its binding; an unbound thread of a
+    /// physical instance uses the CPU it runs on now (`sched_getcpu`), which it may leave the
+    /// next instant: correctness does not depend on it, since the lock is real either way.
+    #[inline]
+    pub fn lock_local(&self) -> Result<PerCpuGuard<'_, T, L>> {
+        let cpu = self.local_cpu()?;
+        let idx = self.inner.idx(cpu)?;
+        Ok(self.acquire(idx, cpu))
+    }
+
+    /// Like [`lock_local`](Self::lock_local), but gives up at once (`Ok(None)`) when the lock is
+    /// held (`pw_trylock_local`).
+    #[inline]
+    pub fn try_lock_local(&self) -> Result<Option<PerCpuGuard<'_, T, L>>> {
+        let cpu = self.local_cpu()?;
+        let idx = self.inner.idx(cpu)?;
+        Ok(self.try_acquire(idx, cpu))
+    }
+
+    /// Locks the CPU a work item runs for (`pw_lock(l, pw_get_cpu(w))`): in queue mode that is
+    /// the worker's own CPU, in remote mode the target CPU taken from the caller.
+    ///
+    /// # Panics
+    ///
+    /// When `ctx` comes from a work item of another instance: a programming error, like the
+    /// kernel's `WARN_ON(cpu != pw->cpu)`.
+    #[inline]
+    pub fn lock_work(&self, ctx: &WorkCtx) -> PerCpuGuard<'_, T, L> {
+        assert_eq!(
+            ctx.instance, self.inner.id,
+            "qpw: a work item locked per-CPU state of another instance"
+        );
+        let idx = self
+            .inner
+            .idx(ctx.cpu())
+            .expect("a work context's CPU is managed by its instance");
+        self.acquire(idx, ctx.cpu())
+    }
+
+    /// Exclusive access to every slot, with no locking: `&mut self` proves no one else holds
+    /// any. For final accounting.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (usize, &mut T)> + '_ {
+        self.inner
+            .managed
+            .iter()
+            .zip(self.slots.iter_mut())
+            .map(|(cpu, slot)| {
+                let ptr = slot.data.get_mut();
+                // SAFETY: `&mut self` excludes every guard and every other access to the slot.
+                (cpu, unsafe { &mut *(MutPtr::deref(&ptr) as *mut T) })
+            })
+    }
+
+    #[inline]
+    fn local_cpu(&self) -> Result<usize> {
+        match self.inner.current_cpu() {
+            Some(cpu) => Ok(cpu),
+            None => Err(self.unbound()),
+        }
+    }
+
+    #[cold]
+    fn unbound(&self) -> Error {
+        match crate::affinity::current_cpu() {
+            Some(cpu) if !self.inner.logical => Error::CpuNotManaged {
+                cpu,
+                managed: self.inner.managed.clone(),
+            },
+            _ => Error::Unbound {
+                managed: self.inner.managed.clone(),
+            },
+        }
+    }
+
+    #[inline]
+    fn acquire(&self, idx: usize, cpu: usize) -> PerCpuGuard<'_, T, L> {
+        let slot = &self.slots[idx];
+        slot.lock.lock();
+        PerCpuGuard::new(slot, cpu)
+    }
+
+    #[inline]
+    fn try_acquire(&self, idx: usize, cpu: usize) -> Option<PerCpuGuard<'_, T, L>> {
+        let slot = &self.slots[idx];
+        slot.lock.try_lock().then(|| PerCpuGuard::new(slot, cpu))
+    }
+
+    /// The slot index of `cpu`, checking that the caller may take its lock.
+    #[inline]
+    fn remote_idx(&self, cpu: usize) -> Result<usize> {
+        let idx = self.inner.idx(cpu)?;
+        if self.inner.modes[idx] == Mode::Queue && self.inner.current_cpu() != Some(cpu) {
+            return Err(self.not_local(cpu));
+        }
+        Ok(idx)
+    }
+
+    #[cold]
+    fn not_local(&self, cpu: usize) -> Error {
+        Error::NotLocal {
+            cpu,
+            caller: self.inner.current_cpu().or_else(|| {
+                (!self.inner.logical)
+                    .then(crate::affinity::current_cpu)
+                    .flatten()
+            }),
+        }
+    }
+}
+
+impl<T, L: RawRemoteLock> PerCpu<T, L> {
+    /// Locks `cpu`'s slot (`pw_lock(l, cpu)`). In remote mode any thread may; in queue mode only
+    /// that CPU's own threads (its worker, threads bound to it, or an unbound thread running on
+    /// it), and anyone else gets [`Error::NotLocal`]: in queue mode, other CPUs' state is
+    /// reached by queuing work, not by locking.
+    #[inline]
+    pub fn lock(&self, cpu: usize) -> Result<PerCpuGuard<'_, T, L>> {
+        let idx = self.remote_idx(cpu)?;
+        Ok(self.acquire(idx, cpu))
+    }
+
+    /// Like [`lock`](Self::lock), but gives up at once (`Ok(None)`) when the lock is held
+    /// (`pw_trylock`).
+    #[inline]
+    pub fn try_lock(&self, cpu: usize) -> Result<Option<PerCpuGuard<'_, T, L>>> {
+        let idx = self.remote_idx(cpu)?;
+        Ok(self.try_acquire(idx, cpu))
+    }
+
+    /// Calls `f` on every CPU's slot in turn, each under its lock, from the calling thread,
+    /// whatever the CPU's mode: the one sanctioned cross-CPU acquisition in queue mode, meant
+    /// for summaries and accounting (what the kernel does with racy `per_cpu()` reads), not for
+    /// hot paths.
+    pub fn for_each_locked(&self, mut f: impl FnMut(usize, &mut T)) {
+        for (idx, cpu) in self.inner.managed.iter().enumerate() {
+            let mut guard = self.acquire(idx, cpu);
+            f(cpu, &mut guard);
+        }
+    }
+}
+
+/// Exclusive access to one CPU's slot, released on drop. Not `Send`: a lock is released by the
+/// thread that took it.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct PerCpuGuard<'a, T, L: RawLocalLock = FairLock> {
+    lock: &'a L,
+    ptr: ManuallyDrop<MutPtr<T>>,
+    cpu: usize,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
+    #[inline]
+    fn new(slot: &'a Slot<T, L>, cpu: usize) -> Self {
+        Self {
+            lock: &slot.lock,
+            ptr: ManuallyDrop::new(slot.data.get_mut()),
+            cpu,
+            _not_send: PhantomData,
+        }
+    }
+
+    /// The CPU whose slot this is (an associated function, so that it never hides a method of
+    /// `T`).
+    #[inline]
+    pub fn cpu(this: &Self) -> usize {
+        this.cpu
+    }
+}
+
+impl<T, L: RawLocalLock> Deref for PerCpuGuard<'_, T, L> {
+    type Target = T;
+
+    #[inline]
+    fn deref(&self) -> &T {
+        // SAFETY: the guard holds the slot's lock, so no other guard exists for this slot.
+        unsafe { MutPtr::deref(&self.ptr) }
+    }
+}
+
+impl<T, L: RawLocalLock> DerefMut for PerCpuGuard<'_, T, L> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: as in `deref`, and `&mut self` makes this the only borrow through the guard.
+        unsafe { MutPtr::deref(&self.ptr) }
+    }
+}
+
+impl<T, L: RawLocalLock> Drop for PerCpuGuard<'_, T, L> {
+    #[inline]
+    fn drop(&mut self) {
+        // SAFETY: (1) the pointer is dropped exactly once, here, and never used again; (2) it
+        // goes before the unlock, so that loom sees the access end inside the critical section.
+        unsafe { ManuallyDrop::drop(&mut self.ptr) };
+        // SAFETY: the guard was made only after its lock was taken, and each guard releases
+        // the hold it was made for, once.
+        unsafe { self.lock.unlock() };
+    }
+}
+
+impl<T: fmt::Debug, L: RawLocalLock> fmt::Debug for PerCpuGuard<'_, T, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PerCpuGuard")
+            .field("cpu", &self.cpu)
+            .field("data", &**self)
+            .finish()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{CpuSpec, Policy, Qpw};
+
+    #[test]
+    fn slots_sit_on_their_own_cache_lines() {
+        let qpw = Qpw::builder()
+            .cpus(CpuSpec::Logical(3))
+            .policy(Policy::Remote)
+            .build()
+            .unwrap();
+        let per_cpu = qpw.per_cpu(|_| 0u8);
+        let a = &*per_cpu.slots[0] as *const Slot<u8, FairLock> as usize;
+        let b = &*per_cpu.slots[1] as *const Slot<u8, FairLock> as usize;
+        assert!(b - a >= 64, "slots {a:#x} and {b:#x} share a cache line");
+        assert_eq!(
+            std::mem::align_of::<CachePadded<Slot<u8, FairLock>>>() % 64,
+            0
+        );
+    }
+
+    #[test]
+    fn guard_reports_its_cpu_and_excludes() {
+        let qpw = Qpw::builder()
+            .cpus(CpuSpec::Logical(2))
+            .policy(Policy::Remote)
+            .build()
+            .unwrap();
+        let per_cpu = qpw.per_cpu(|cpu| cpu * 10);
+        let guard = per_cpu.lock(1).unwrap();
+        assert_eq!(PerCpuGuard::cpu(&guard), 1);
+        assert_eq!(*guard, 10);
+        assert!(per_cpu.try_lock(1).unwrap().is_none());
+        assert!(per_cpu.try_lock(0).unwrap().is_some());
+        drop(guard);
+        assert!(per_cpu.try_lock(1).unwrap().is_some());
+    }
+
+    #[test]
+    fn queue_mode_refuses_foreign_lockers() {
+        let qpw = Qpw::builder()
+            .cpus(CpuSpec::Logical(2))
+            .policy(Policy::Queue)
+            .build()
+            .unwrap();
+        let per_cpu = qpw.per_cpu(|_| 0u32);
+        let err = per_cpu.lock(1).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NotLocal {
+                    cpu: 1,
+                    caller: None
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("queue mode"));
+        assert!(matches!(per_cpu.lock_local(), Err(Error::Unbound { .. })));
+
+        let _bound = qpw.bind_current(1).unwrap();
+        *per_cpu.lock(1).unwrap() += 1;
+        *per_cpu.lock_local().unwrap() += 1;
+        let err = per_cpu.lock(0).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NotLocal {
+                    cpu: 0,
+                    caller: Some(1)
+                }
+            ),
+            "{err}"
+        );
+        let err = per_cpu.lock(7).unwrap_err().to_string();
+        assert_eq!(err, "cpu 7 is not in the managed set 0-1");
+    }
+}

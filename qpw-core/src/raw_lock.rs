@@ -1,0 +1,108 @@
+//! The raw per-CPU lock, as a policy apart from the data (lock_api's split).
+//!
+//! [`PerCpu`](crate::PerCpu) is generic over an [`RawLocalLock`]; what a lock may do beyond
+//! excluding the threads of its own CPU is a further marker trait, [`RawRemoteLock`]: only
+//! locks that stay correct when taken from another CPU implement it, and
+//! [`PerCpu::lock`](crate::PerCpu::lock), the remote path, needs it. A cheaper lock that is only
+//! correct on its own CPU (rseq, or a single owner) then simply lacks the impl, and using it
+//! remotely does not compile.
+
+use crate::sync::RawMutex;
+
+/// A raw lock guarding one CPU's slot.
+///
+/// # Safety
+///
+/// Implementations must exclude: between a successful [`lock`](Self::lock) or
+/// [`try_lock`](Self::try_lock) and the matching [`unlock`](Self::unlock), no other call to
+/// either may succeed, whatever thread makes it, as long as every caller honours the lock's
+/// own documented restriction on where it may be taken from. Acquiring must synchronise-with
+/// the previous release (acquire/release ordering), so that the data it guards is handed over.
+pub unsafe trait RawLocalLock: Send + Sync {
+    /// A new, unlocked lock.
+    fn new() -> Self;
+
+    /// Takes the lock, waiting as long as needed.
+    fn lock(&self);
+
+    /// Takes the lock if it is free now.
+    fn try_lock(&self) -> bool;
+
+    /// Releases the lock.
+    ///
+    /// # Safety
+    ///
+    /// The lock is held, and this call releases the hold taken by the caller's context.
+    unsafe fn unlock(&self);
+}
+
+/// A raw lock that threads on any CPU may take: the remote-mode capability.
+///
+/// # Safety
+///
+/// The exclusion promised by [`RawLocalLock`] holds whichever CPUs the contending threads run
+/// on, with no fence needed beyond the lock's own atomics.
+pub unsafe trait RawRemoteLock: RawLocalLock {}
+
+/// The default per-CPU lock: one atomic word, waiters that park, and a fair release.
+///
+/// Built on `parking_lot`'s word lock: the uncontended acquire and release are one
+/// compare-and-swap each (about what PREEMPT_RT's `local_lock` pays for its spinlock); a
+/// contended acquire spins briefly, then sleeps on a futex-backed parking lot, so a waiter never
+/// spins against a holder that has been preempted on the same CPU; and every release is
+/// `unlock_fair`, which hands the lock straight to the first sleeping waiter instead of letting
+/// the releaser take it back in a tight loop. That hand-over is what keeps a queue-mode drain
+/// bounded when a thread of the target CPU takes and drops the lock non-stop (the worker would
+/// otherwise lose every race against a thread that never sleeps).
+#[derive(Debug)]
+pub struct FairLock {
+    raw: RawMutex,
+}
+
+// SAFETY: `RawMutex` is a mutex with acquire/release semantics (parking_lot's, or loom's
+// model); `lock`/`try_lock`/`unlock` forward to it one for one.
+unsafe impl RawLocalLock for FairLock {
+    #[inline]
+    fn new() -> Self {
+        Self {
+            raw: RawMutex::new(),
+        }
+    }
+
+    #[inline]
+    fn lock(&self) {
+        self.raw.lock();
+    }
+
+    #[inline]
+    fn try_lock(&self) -> bool {
+        self.raw.try_lock()
+    }
+
+    #[inline]
+    unsafe fn unlock(&self) {
+        // SAFETY: the caller holds the lock (the trait's `# Safety`).
+        unsafe { self.raw.unlock_fair() }
+    }
+}
+
+// SAFETY: the word is changed only by atomic read-modify-writes, which exclude whichever CPU
+// the contenders run on.
+unsafe impl RawRemoteLock for FairLock {}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excludes_and_releases() {
+        let lock = FairLock::new();
+        lock.lock();
+        assert!(!lock.try_lock());
+        // SAFETY: held just above.
+        unsafe { lock.unlock() };
+        assert!(lock.try_lock());
+        // SAFETY: held by the try_lock above.
+        unsafe { lock.unlock() };
+    }
+}

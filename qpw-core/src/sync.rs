@@ -1,0 +1,160 @@
+//! The one place that names `std::sync` or `loom`.
+//!
+//! Every other module takes its atomics, mutexes, cells and threads from here, so that
+//! `RUSTFLAGS="--cfg loom"` swaps the whole crate onto loom's model-checked versions. It is
+//! public so that crates built on qpw (the workloads) take theirs from here too and are
+//! model-checked through the framework. The std side is given loom's
+//! shape (`UnsafeCell::get_mut` returning a pointer wrapper), never the other way round, as tokio
+//! does in `src/loom/mod.rs`.
+//!
+//! The raw mutex behind [`FairLock`](crate::FairLock) is the one piece that differs in kind: on
+//! std it is `parking_lot`'s word-sized mutex (spin briefly, then park; `unlock_fair` hands the
+//! lock to the first parked waiter), under loom a spin lock whose spin yields to loom's scheduler,
+//! which loom explores exhaustively.
+
+#[cfg(not(loom))]
+mod imp {
+    pub use std::hint::spin_loop;
+    pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+    pub use std::thread;
+    pub use std::thread_local;
+
+    use parking_lot::lock_api::{RawMutex as _, RawMutexFair as _};
+
+    /// `std::cell::UnsafeCell` in loom's shape.
+    #[derive(Debug)]
+    pub struct UnsafeCell<T: ?Sized>(std::cell::UnsafeCell<T>);
+
+    impl<T> UnsafeCell<T> {
+        /// Wraps `value`.
+        pub const fn new(value: T) -> Self {
+            Self(std::cell::UnsafeCell::new(value))
+        }
+
+        /// Unwraps the value.
+        pub fn into_inner(self) -> T {
+            self.0.into_inner()
+        }
+    }
+
+    impl<T: ?Sized> UnsafeCell<T> {
+        /// A pointer through which the value may be borrowed mutably (loom tracks the borrow
+        /// for as long as the pointer lives; std does not track it).
+        #[inline]
+        pub fn get_mut(&self) -> MutPtr<T> {
+            MutPtr(self.0.get())
+        }
+    }
+
+    /// loom's `MutPtr`, for std.
+    #[derive(Debug)]
+    pub struct MutPtr<T: ?Sized>(*mut T);
+
+    impl<T: ?Sized> MutPtr<T> {
+        /// Borrows the value.
+        ///
+        /// # Safety
+        ///
+        /// The caller guarantees exclusive access for the lifetime of the borrow.
+        #[inline]
+        #[allow(clippy::mut_from_ref)]
+        pub unsafe fn deref(&self) -> &mut T {
+            // SAFETY: exclusivity is the caller's premise (see `# Safety`).
+            unsafe { &mut *self.0 }
+        }
+    }
+
+    /// A word-sized raw mutex that parks its waiters and can hand itself over fairly.
+    #[allow(missing_debug_implementations)]
+    pub struct RawMutex(parking_lot::RawMutex);
+
+    impl std::fmt::Debug for RawMutex {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("RawMutex { .. }")
+        }
+    }
+
+    impl RawMutex {
+        /// A new, unlocked mutex.
+        pub fn new() -> Self {
+            Self(parking_lot::RawMutex::INIT)
+        }
+
+        /// Takes the mutex, parking while it is held elsewhere.
+        #[inline]
+        pub fn lock(&self) {
+            self.0.lock();
+        }
+
+        /// Takes the mutex if it is free now.
+        #[inline]
+        pub fn try_lock(&self) -> bool {
+            self.0.try_lock()
+        }
+
+        /// # Safety
+        ///
+        /// The mutex is held by the caller's context.
+        #[inline]
+        pub unsafe fn unlock_fair(&self) {
+            // SAFETY: the caller holds the lock (see `# Safety`).
+            unsafe { self.0.unlock_fair() }
+        }
+    }
+}
+
+#[cfg(loom)]
+mod imp {
+    pub use loom::cell::{MutPtr, UnsafeCell};
+    pub use loom::hint::spin_loop;
+    pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
+    pub use loom::thread;
+    pub use loom::thread_local;
+
+    /// Under loom: a test-and-set lock whose waiters yield to loom's scheduler.
+    ///
+    /// loom cannot model parking_lot's futex parking, and does not need to: what the models
+    /// check is the exclusion and the hand-over of data between holders, not fairness.
+    #[derive(Debug)]
+    pub struct RawMutex(AtomicBool);
+
+    impl RawMutex {
+        /// A new, unlocked mutex.
+        pub fn new() -> Self {
+            Self(AtomicBool::new(false))
+        }
+
+        /// Takes the mutex, yielding to loom while it is held elsewhere.
+        pub fn lock(&self) {
+            while !self.try_lock() {
+                loom::thread::yield_now();
+            }
+        }
+
+        /// Takes the mutex if it is free now.
+        pub fn try_lock(&self) -> bool {
+            self.0
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+        }
+
+        /// # Safety
+        ///
+        /// The mutex is held by the caller's context.
+        pub unsafe fn unlock_fair(&self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+}
+
+#[allow(unused_imports)]
+pub use imp::*;
+
+/// A process-wide id for each framework instance. Ids are not part of any modelled protocol,
+/// and loom atomics cannot live in statics, so this is a std atomic under loom too.
+pub(crate) fn next_instance_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}

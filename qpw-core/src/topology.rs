@@ -1,0 +1,286 @@
+//! What the machine's CPUs look like: possible and online CPUs, isolated and `nohz_full` CPUs,
+//! L3 cache domains, and a housekeeping pick.
+//!
+//! Everything is read from a sysfs root (`/sys` by default) so that tests can point it at a
+//! fake tree built with [`FakeSysfs`]. The files read are those the kernel documents in
+//! `Documentation/ABI/testing/sysfs-devices-system-cpu`:
+//!
+//! | file under the root | meaning |
+//! |---|---|
+//! | `devices/system/cpu/possible`, `online` | CPU lists (required) |
+//! | `devices/system/cpu/isolated` | CPUs given to `isolcpus=` (absent or empty: none) |
+//! | `devices/system/cpu/nohz_full` | CPUs given to `nohz_full=` (absent, empty or `(null)`: none) |
+//! | `devices/system/cpu/cpuN/cache/indexM/{level,shared_cpu_list}` | the CPUs sharing each cache |
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::{CpuSet, Error, Result};
+
+/// The CPU topology, read once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    root: PathBuf,
+    possible: CpuSet,
+    online: CpuSet,
+    isolated: CpuSet,
+    nohz_full: CpuSet,
+    l3_domains: Vec<CpuSet>,
+}
+
+impl Topology {
+    /// Reads the running system's topology from `/sys`.
+    pub fn read() -> Result<Self> {
+        Self::read_from("/sys")
+    }
+
+    /// Reads the topology from a sysfs root (the directory that holds `devices/`).
+    pub fn read_from(root: impl AsRef<Path>) -> Result<Self> {
+        let root = root.as_ref().to_path_buf();
+        let cpu_dir = root.join("devices/system/cpu");
+        let possible = read_list(&cpu_dir.join("possible"), true)?;
+        let online = read_list(&cpu_dir.join("online"), true)?;
+        let isolated = read_list(&cpu_dir.join("isolated"), false)?;
+        let nohz_full = read_list(&cpu_dir.join("nohz_full"), false)?;
+
+        // One domain per distinct L3 `shared_cpu_list`, in the order of their first CPU.
+        let mut l3_domains: Vec<CpuSet> = Vec::new();
+        for cpu in online.iter() {
+            let cache = cpu_dir.join(format!("cpu{cpu}/cache"));
+            let Ok(entries) = fs::read_dir(&cache) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let dir = entry.path();
+                let level = fs::read_to_string(dir.join("level")).unwrap_or_default();
+                if level.trim() != "3" {
+                    continue;
+                }
+                let shared = read_list(&dir.join("shared_cpu_list"), true)?;
+                if !l3_domains.contains(&shared) {
+                    l3_domains.push(shared);
+                }
+            }
+        }
+        l3_domains.sort_by_key(|d| d.first());
+
+        Ok(Self {
+            root,
+            possible,
+            online,
+            isolated,
+            nohz_full,
+            l3_domains,
+        })
+    }
+
+    /// The sysfs root this was read from.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// CPUs that could ever be online.
+    pub fn possible(&self) -> &CpuSet {
+        &self.possible
+    }
+
+    /// CPUs online now.
+    pub fn online(&self) -> &CpuSet {
+        &self.online
+    }
+
+    /// CPUs isolated with `isolcpus=`.
+    pub fn isolated(&self) -> &CpuSet {
+        &self.isolated
+    }
+
+    /// CPUs running tickless with `nohz_full=`.
+    pub fn nohz_full(&self) -> &CpuSet {
+        &self.nohz_full
+    }
+
+    /// CPUs isolated either way: the ones the `isolated` policy puts in remote mode.
+    pub fn isolated_or_nohz_full(&self) -> CpuSet {
+        self.isolated.union(&self.nohz_full)
+    }
+
+    /// The L3 cache domains, each the set of CPUs sharing one L3 (empty when sysfs has no cache
+    /// information, as in some VMs and containers).
+    pub fn l3_domains(&self) -> &[CpuSet] {
+        &self.l3_domains
+    }
+
+    /// The L3 domain holding `cpu`.
+    pub fn l3_domain_of(&self, cpu: usize) -> Option<&CpuSet> {
+        self.l3_domains.iter().find(|d| d.contains(cpu))
+    }
+
+    /// A housekeeping CPU (online, neither isolated nor `nohz_full`) in `within`, like the
+    /// kernel's `cpumask_any_housekeeping()`: the lowest such CPU; if `within` has none, the
+    /// lowest online CPU of `within`, as the kernel falls back to any CPU of the mask.
+    pub fn housekeeping_cpu(&self, within: &CpuSet) -> Option<usize> {
+        let candidates = within.intersection(&self.online);
+        let isolated = self.isolated_or_nohz_full();
+        let housekeeping = candidates.iter().find(|&c| !isolated.contains(c));
+        housekeeping.or_else(|| candidates.first())
+    }
+}
+
+fn read_list(path: &Path, required: bool) -> Result<CpuSet> {
+    let text = match fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => return Ok(CpuSet::new()),
+        Err(source) => {
+            return Err(Error::Topology {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    // `nohz_full` reads `(null)` when the boot parameter was not given.
+    let text = text.trim();
+    if text == "(null)" {
+        return Ok(CpuSet::new());
+    }
+    text.parse().map_err(|e| Error::TopologySyntax {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })
+}
+
+/// Writes a fake sysfs tree, for tests and examples that need a topology this machine lacks
+/// (isolated CPUs, several L3 domains).
+///
+/// ```
+/// use qpw_core::{FakeSysfs, Topology};
+///
+/// let dir = std::env::temp_dir().join(format!("qpw-doc-{}", std::process::id()));
+/// FakeSysfs::new("0-3").isolated("3").l3_domains(&["0-1", "2-3"]).write(&dir)?;
+/// let topo = Topology::read_from(&dir)?;
+/// assert_eq!(topo.isolated().to_string(), "3");
+/// assert_eq!(topo.housekeeping_cpu(&"2-3".parse()?), Some(2));
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct FakeSysfs {
+    online: String,
+    isolated: Option<String>,
+    nohz_full: Option<String>,
+    l3_domains: Vec<String>,
+}
+
+impl FakeSysfs {
+    /// A tree whose possible and online CPUs are `online`.
+    pub fn new(online: &str) -> Self {
+        Self {
+            online: online.to_string(),
+            isolated: None,
+            nohz_full: None,
+            l3_domains: Vec::new(),
+        }
+    }
+
+    /// Writes `isolated`.
+    pub fn isolated(mut self, list: &str) -> Self {
+        self.isolated = Some(list.to_string());
+        self
+    }
+
+    /// Writes `nohz_full` (`(null)` is what the kernel writes when unset).
+    pub fn nohz_full(mut self, list: &str) -> Self {
+        self.nohz_full = Some(list.to_string());
+        self
+    }
+
+    /// Writes one L3 cache (`index3`) per list, shared by the CPUs in it.
+    pub fn l3_domains(mut self, lists: &[&str]) -> Self {
+        self.l3_domains = lists.iter().map(|s| s.to_string()).collect();
+        self
+    }
+
+    /// Writes the tree under `root`.
+    pub fn write(&self, root: &Path) -> std::io::Result<()> {
+        let cpu_dir = root.join("devices/system/cpu");
+        fs::create_dir_all(&cpu_dir)?;
+        fs::write(cpu_dir.join("possible"), format!("{}\n", self.online))?;
+        fs::write(cpu_dir.join("online"), format!("{}\n", self.online))?;
+        if let Some(list) = &self.isolated {
+            fs::write(cpu_dir.join("isolated"), format!("{list}\n"))?;
+        }
+        if let Some(list) = &self.nohz_full {
+            fs::write(cpu_dir.join("nohz_full"), format!("{list}\n"))?;
+        }
+        for list in &self.l3_domains {
+            let set: CpuSet = list
+                .parse()
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+            for cpu in set.iter() {
+                let dir = cpu_dir.join(format!("cpu{cpu}/cache/index3"));
+                fs::create_dir_all(&dir)?;
+                fs::write(dir.join("level"), "3\n")?;
+                fs::write(dir.join("shared_cpu_list"), format!("{list}\n"))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_fake_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        FakeSysfs::new("0-7")
+            .isolated("6-7")
+            .nohz_full("5-7")
+            .l3_domains(&["0-3", "4-7"])
+            .write(dir.path())
+            .unwrap();
+        let topo = Topology::read_from(dir.path()).unwrap();
+        assert_eq!(topo.online().to_string(), "0-7");
+        assert_eq!(topo.isolated_or_nohz_full().to_string(), "5-7");
+        assert_eq!(topo.l3_domains().len(), 2);
+        assert_eq!(topo.l3_domain_of(5).unwrap().to_string(), "4-7");
+        assert_eq!(topo.housekeeping_cpu(&"4-7".parse().unwrap()), Some(4));
+        // A mask of isolated CPUs only: fall back to any of them, as the kernel does.
+        assert_eq!(topo.housekeeping_cpu(&"6-7".parse().unwrap()), Some(6));
+        assert_eq!(topo.housekeeping_cpu(&"9".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn unset_nohz_full_reads_null() {
+        let dir = tempfile::tempdir().unwrap();
+        FakeSysfs::new("0-1")
+            .nohz_full("(null)")
+            .write(dir.path())
+            .unwrap();
+        let topo = Topology::read_from(dir.path()).unwrap();
+        assert!(topo.nohz_full().is_empty());
+        assert!(topo.isolated().is_empty());
+        assert!(topo.l3_domains().is_empty());
+    }
+
+    #[test]
+    fn missing_or_bad_files_name_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Topology::read_from(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("devices/system/cpu/possible"), "{err}");
+
+        FakeSysfs::new("0-1")
+            .isolated("1-")
+            .write(dir.path())
+            .unwrap();
+        let err = Topology::read_from(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("isolated") && err.contains("`1-`"), "{err}");
+    }
+
+    #[test]
+    fn reads_this_machine() {
+        let topo = Topology::read().unwrap();
+        assert!(!topo.online().is_empty());
+        assert!(topo.online().is_subset(topo.possible()));
+    }
+}
