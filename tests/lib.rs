@@ -1,1 +1,138 @@
-//! placeholder
+//! Helpers shared by the cross-crate tests: real spinners and fake topologies.
+
+#![warn(missing_docs)]
+#![cfg(not(loom))]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use qpw_core::{FakeSysfs, Policy, Qpw};
+
+/// How a [`Spinner`] got its CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpinnerClass {
+    /// `SCHED_FIFO` at the given priority: it never yields, like an isolated RT task.
+    Fifo(i32),
+    /// `SCHED_OTHER`: the best we can do without permission for `SCHED_FIFO`.
+    Other,
+}
+
+/// A thread pinned to one CPU that spins until stopped (or for at most `max`, so that a failed
+/// test cannot leave a CPU monopolised).
+#[derive(Debug)]
+pub struct Spinner {
+    stop: Arc<AtomicBool>,
+    handle: Option<thread::JoinHandle<()>>,
+    /// The scheduling class the spinner got.
+    pub class: SpinnerClass,
+}
+
+impl Spinner {
+    /// Starts a spinner on `cpu`, `SCHED_FIFO` at `priority` if permitted, and waits until it
+    /// spins.
+    pub fn start(cpu: usize, priority: i32, max: Duration) -> Spinner {
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handle = {
+            let (stop, started) = (stop.clone(), started.clone());
+            thread::Builder::new()
+                .name(format!("spinner/{cpu}"))
+                .spawn(move || {
+                    qpw_core::pin_current_thread(cpu).expect("pin the spinner");
+                    let class = match qpw_core::set_current_fifo(priority) {
+                        Ok(()) => SpinnerClass::Fifo(priority),
+                        Err(_) => SpinnerClass::Other,
+                    };
+                    tx.send(class).expect("report the class");
+                    started.store(true, Ordering::Release);
+                    let deadline = Instant::now() + max;
+                    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                        std::hint::spin_loop();
+                    }
+                })
+                .expect("spawn the spinner")
+        };
+        let class = rx.recv().expect("the spinner reports its class");
+        while !started.load(Ordering::Acquire) {
+            thread::yield_now();
+        }
+        Spinner {
+            stop,
+            handle: Some(handle),
+            class,
+        }
+    }
+
+    /// Stops the spinner and waits for it to exit.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// A fake sysfs tree whose online CPUs are the allowed ones and whose last allowed CPU is
+/// isolated, for the `isolated` policy on a machine without isolated CPUs.
+pub fn fake_isolated_last() -> (tempfile::TempDir, usize) {
+    let allowed = qpw_core::allowed_cpus().expect("sched_getaffinity");
+    let last = allowed.last().expect("at least one CPU");
+    let dir = tempfile::tempdir().expect("tempdir");
+    FakeSysfs::new(&allowed.to_string())
+        .isolated(&last.to_string())
+        .write(dir.path())
+        .expect("write the fake sysfs");
+    (dir, last)
+}
+
+/// An instance over the allowed CPUs with `policy`; for `Isolated`, the last CPU is faked as
+/// isolated. The tempdir (if any) must outlive nothing: the topology is read at build time.
+pub fn instance(policy: Policy) -> Qpw {
+    let builder = Qpw::builder().policy(policy.clone());
+    let qpw = if policy == Policy::Isolated {
+        let (dir, _) = fake_isolated_last();
+        builder.sysfs_root(dir.path()).build()
+    } else {
+        builder.build()
+    };
+    qpw.expect("build the instance")
+}
+
+/// Makes every `qpw/<cpu>` worker thread of this process `SCHED_IDLE`: the fallback for tests
+/// that need a starved worker where `SCHED_FIFO` is not permitted (lowering a thread's class
+/// needs no privilege).
+pub fn make_workers_idle(cpu: usize) {
+    let name = format!("qpw/{cpu}");
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return;
+    };
+    for task in tasks.flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if comm.trim() != name {
+            continue;
+        }
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid `sched_param`; a stale tid only makes the call fail.
+        unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) };
+    }
+}

@@ -7,6 +7,7 @@
 //! Under loom there is no real CPU: the calls become no-ops, every thread "runs" nowhere, and
 //! the models bind threads to CPUs through the framework's registration only.
 
+#[cfg(not(loom))]
 use std::io;
 
 use crate::{CpuSet, Error, Result};

@@ -378,7 +378,7 @@ impl Qpw {
     where
         F: Fn(&WorkCtx) + Send + Sync + 'static,
     {
-        PerCpuWork::new(self.inner.clone(), crate::sync::Arc::new(func), false)
+        PerCpuWork::new(self.inner.clone(), crate::sync::SharedFn::new(func), false)
     }
 
     /// A per-CPU work item that must really run *on* its CPU, so it is queued to that CPU's
@@ -389,7 +389,7 @@ impl Qpw {
     where
         F: Fn(&WorkCtx) + Send + Sync + 'static,
     {
-        PerCpuWork::new(self.inner.clone(), crate::sync::Arc::new(func), true)
+        PerCpuWork::new(self.inner.clone(), crate::sync::SharedFn::new(func), true)
     }
 
     /// Stops the workers once each has run every item already queued, and says what ran

@@ -152,6 +152,10 @@ mod imp {
 #[allow(unused_imports)]
 pub use imp::*;
 
+/// `std::sync::Arc` under loom too, for immutable data shared by reference count that no
+/// protocol depends on (the work functions): loom's `Arc` cannot hold an unsized `dyn Fn`.
+pub type SharedFn<T> = std::sync::Arc<T>;
+
 /// A process-wide id for each framework instance. Ids are not part of any modelled protocol,
 /// and loom atomics cannot live in statics, so this is a std atomic under loom too.
 pub(crate) fn next_instance_id() -> u64 {

@@ -28,7 +28,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use crate::instance::{set_binding, Inner};
-use crate::sync::{thread, Arc, Condvar, Mutex, MutexGuard};
+use crate::sync::{thread, Arc, Condvar, Mutex, MutexGuard, SharedFn};
 use crate::{CpuSet, Error, Result, ShutdownReport};
 
 type WorkFn = dyn Fn(&WorkCtx) + Send + Sync;
@@ -89,7 +89,7 @@ struct SlotState {
 pub(crate) struct WorkSlot {
     instance: u64,
     cpu: usize,
-    func: Arc<WorkFn>,
+    func: SharedFn<WorkFn>,
     state: Mutex<SlotState>,
     done: Condvar,
 }
@@ -383,7 +383,7 @@ impl fmt::Debug for PerCpuWork {
 }
 
 impl PerCpuWork {
-    pub(crate) fn new(inner: Arc<Inner>, func: Arc<WorkFn>, on_cpu: bool) -> Result<Self> {
+    pub(crate) fn new(inner: Arc<Inner>, func: SharedFn<WorkFn>, on_cpu: bool) -> Result<Self> {
         let mut slots = Vec::with_capacity(inner.managed.len());
         let mut workers = Vec::with_capacity(inner.managed.len());
         for (idx, cpu) in inner.managed.iter().enumerate() {
