@@ -173,7 +173,9 @@ impl Builder {
 }
 
 thread_local! {
-    /// The (instance id, CPU) this thread was bound to by the framework, if any.
+    /// The (instance id, CPU) this thread was bound to by the framework, if any. (Not a
+    /// `const` initialiser: loom's `thread_local!` does not take one.)
+    #[allow(clippy::missing_const_for_thread_local)]
     static BINDING: Cell<Option<(u64, usize)>> = Cell::new(None);
 }
 

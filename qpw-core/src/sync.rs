@@ -9,7 +9,7 @@
 //!
 //! The raw mutex behind [`FairLock`](crate::FairLock) is the one piece that differs in kind: on
 //! std it is `parking_lot`'s word-sized mutex (spin briefly, then park; `unlock_fair` hands the
-//! lock to the first parked waiter), under loom a spin lock whose spin yields to loom's scheduler,
+//! lock to the first parked waiter), under loom a flag under a loom mutex whose waiters sleep,
 //! which loom explores exhaustively.
 
 #[cfg(not(loom))]
@@ -66,12 +66,17 @@ mod imp {
     }
 
     /// A word-sized raw mutex that parks its waiters and can hand itself over fairly.
-    #[allow(missing_debug_implementations)]
     pub struct RawMutex(parking_lot::RawMutex);
 
     impl std::fmt::Debug for RawMutex {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("RawMutex { .. }")
+        }
+    }
+
+    impl Default for RawMutex {
+        fn default() -> Self {
+            Self::new()
         }
     }
 
@@ -113,38 +118,53 @@ mod imp {
     pub use loom::thread;
     pub use loom::thread_local;
 
-    /// Under loom: a test-and-set lock whose waiters yield to loom's scheduler.
+    /// Under loom: a flag under a loom mutex, with waiters asleep on a condition variable.
     ///
     /// loom cannot model parking_lot's futex parking, and does not need to: what the models
-    /// check is the exclusion and the hand-over of data between holders, not fairness.
+    /// check is the exclusion and the hand-over of data between holders, not fairness. Waiters
+    /// block rather than spin, which keeps loom's paths short.
     #[derive(Debug)]
-    pub struct RawMutex(AtomicBool);
+    pub struct RawMutex {
+        held: Mutex<bool>,
+        released: Condvar,
+    }
+
+    impl Default for RawMutex {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
 
     impl RawMutex {
         /// A new, unlocked mutex.
         pub fn new() -> Self {
-            Self(AtomicBool::new(false))
+            Self {
+                held: Mutex::new(false),
+                released: Condvar::new(),
+            }
         }
 
-        /// Takes the mutex, yielding to loom while it is held elsewhere.
+        /// Takes the mutex, sleeping while it is held elsewhere.
         pub fn lock(&self) {
-            while !self.try_lock() {
-                loom::thread::yield_now();
+            let mut held = self.held.lock().unwrap();
+            while *held {
+                held = self.released.wait(held).unwrap();
             }
+            *held = true;
         }
 
         /// Takes the mutex if it is free now.
         pub fn try_lock(&self) -> bool {
-            self.0
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
+            let mut held = self.held.lock().unwrap();
+            !std::mem::replace(&mut *held, true)
         }
 
         /// # Safety
         ///
         /// The mutex is held by the caller's context.
         pub unsafe fn unlock_fair(&self) {
-            self.0.store(false, Ordering::Release);
+            *self.held.lock().unwrap() = false;
+            self.released.notify_one();
         }
     }
 }
