@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use qpw_core::{CpuSet, CpuSpec, Error, Mode, Policy, Qpw};
-use qpw_tests::{instance, Spinner, SpinnerClass};
+use qpw_tests::{instance, Gate, Spinner, SpinnerClass};
 
 /// The last allowed CPU (the "target") and another one to request from, if there is one.
 fn target_and_requester() -> (usize, Option<usize>) {
@@ -86,23 +86,11 @@ fn remote_mode_runs_in_the_caller_before_queue_on_returns() {
 
 #[test]
 fn queue_on_coalesces_while_pending() {
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Logical(1))
-        .policy(Policy::Queue)
-        .build()
-        .unwrap();
-    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let qpw = qpw_tests::one_queue_cpu();
+    let gate = Gate::new();
     let runs = Arc::new(AtomicUsize::new(0));
     let (g, r) = (gate.clone(), runs.clone());
-    let blocker = qpw
-        .work(move |_| {
-            let (lock, cond) = &*g;
-            let mut open = lock.lock().unwrap();
-            while !*open {
-                open = cond.wait(open).unwrap();
-            }
-        })
-        .unwrap();
+    let blocker = qpw.work(move |_| g.wait()).unwrap();
     let counted = qpw
         .work(move |_| {
             r.fetch_add(1, Ordering::SeqCst);
@@ -116,8 +104,7 @@ fn queue_on_coalesces_while_pending() {
         "a pending item is not queued twice"
     );
     assert!(!counted.queue_on(0).unwrap());
-    *gate.0.lock().unwrap() = true;
-    gate.1.notify_all();
+    gate.open();
     counted.flush(0).unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     // Once it ran, it can be queued again.
@@ -292,22 +279,14 @@ fn a_panicking_item_is_reported_and_the_worker_lives_on() {
 
 #[test]
 fn shutdown_runs_every_pending_item_and_refuses_new_ones() {
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Logical(1))
-        .policy(Policy::Queue)
-        .build()
-        .unwrap();
-    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    let qpw = qpw_tests::one_queue_cpu();
+    let gate = Gate::new();
     let started = Arc::new(AtomicBool::new(false));
     let (g, s) = (gate.clone(), started.clone());
     let blocker = qpw
         .work(move |_| {
             s.store(true, Ordering::SeqCst);
-            let (lock, cond) = &*g;
-            let mut open = lock.lock().unwrap();
-            while !*open {
-                open = cond.wait(open).unwrap();
-            }
+            g.wait();
         })
         .unwrap();
     let ran = Arc::new(Mutex::new(Vec::new()));
@@ -339,8 +318,7 @@ fn shutdown_runs_every_pending_item_and_refuses_new_ones() {
                     other => panic!("unexpected {other:?}"),
                 }
             }
-            *gate.0.lock().unwrap() = true;
-            gate.1.notify_all();
+            gate.open();
         })
     };
     let report = qpw.shutdown();

@@ -4,7 +4,7 @@
 #![cfg(not(loom))]
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -135,4 +135,41 @@ pub fn make_workers_idle(cpu: usize) {
         // SAFETY: `param` is a valid `sched_param`; a stale tid only makes the call fail.
         unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) };
     }
+}
+
+/// A gate that work items can wait at until a test opens it: holds a worker busy on purpose.
+#[derive(Debug, Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Arc<Gate> {
+        Arc::default()
+    }
+
+    /// Waits until the gate is open.
+    pub fn wait(&self) {
+        let mut open = self.open.lock().expect("gate lock");
+        while !*open {
+            open = self.opened.wait(open).expect("gate lock");
+        }
+    }
+
+    /// Opens the gate for every waiter, now and later.
+    pub fn open(&self) {
+        *self.open.lock().expect("gate lock") = true;
+        self.opened.notify_all();
+    }
+}
+
+/// A one-CPU queue-mode instance (one worker), for tests of the queue protocol.
+pub fn one_queue_cpu() -> Qpw {
+    Qpw::builder()
+        .cpus(qpw_core::CpuSpec::Logical(1))
+        .policy(Policy::Queue)
+        .build()
+        .expect("build the instance")
 }
