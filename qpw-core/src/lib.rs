@@ -105,6 +105,7 @@
 
 mod affinity;
 mod cpuset;
+pub mod cross_call;
 mod error;
 mod instance;
 mod mode;
@@ -119,6 +120,7 @@ pub use affinity::{
     set_current_fifo, set_current_normal,
 };
 pub use cpuset::CpuSet;
+pub use cross_call::{CallCtx, CallTarget, CrossCallError};
 pub use error::{Error, Result};
 pub use instance::{Binding, Builder, CpuSpec, Qpw, ShutdownReport};
 pub use mode::{Mode, Policy};

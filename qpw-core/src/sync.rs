@@ -172,6 +172,19 @@ mod imp {
 #[allow(unused_imports)]
 pub use imp::*;
 
+/// Atomics for state shared with a **signal handler**: always std's, under loom too.
+///
+/// A signal handler may touch only lock-free atomics, and the state it reaches must live in
+/// `static`s (the handler is given no pointer of ours). loom's atomics can do neither: they
+/// cannot be built in a `const` context, and touching one outside a loom model panics. No
+/// protocol that loom models goes through these: they serve [`cross_call`](crate::cross_call)'s
+/// mailboxes, which a signal handler reads, and nothing else should use them.
+pub mod signal_safe {
+    pub use std::sync::atomic::{
+        AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    };
+}
+
 /// `std::sync::Arc` under loom too, for immutable data shared by reference count that no
 /// protocol depends on (the work functions): loom's `Arc` cannot hold an unsized `dyn Fn`.
 pub type SharedFn<T> = std::sync::Arc<T>;
