@@ -233,7 +233,8 @@ impl Inner {
     }
 
     /// The CPU of this instance the calling thread belongs to: its binding, or for physical
-    /// instances the CPU it runs on now.
+    /// instances the CPU it runs on now (read from the rseq area where glibc registered one,
+    /// else `sched_getcpu`).
     #[inline]
     pub(crate) fn current_cpu(&self) -> Option<usize> {
         if let Some((id, cpu)) = binding() {
@@ -244,7 +245,7 @@ impl Inner {
         if self.logical {
             return None;
         }
-        affinity::current_cpu().filter(|&c| self.managed.contains(c))
+        crate::rseq::cpu_now().filter(|&c| self.managed.contains(c))
     }
 
     /// The worker of slot `idx`, started on first use.

@@ -111,6 +111,7 @@ mod instance;
 mod mode;
 mod percpu;
 mod raw_lock;
+pub mod rseq;
 pub mod sync;
 mod topology;
 mod work;

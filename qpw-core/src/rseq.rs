@@ -1,0 +1,410 @@
+//! The current CPU from the kernel's restartable-sequences area, and the fences that let another
+//! CPU reach state its owner updates with plain stores.
+//!
+//! # The problem
+//!
+//! A thread the framework has not bound must find out where it runs before it can take "its"
+//! CPU's lock. `sched_getcpu` answers through a library call (a few nanoseconds); the kernel
+//! already keeps the answer in memory the thread can read directly. Since glibc 2.35 every
+//! thread registers a `struct rseq` with the kernel at start-up (the `rseq(2)` system call of
+//! Linux 4.18), and the kernel rewrites its `cpu_id` field (a `u32` at offset 4) every time the
+//! thread returns to user space on a different CPU. glibc exports where the area is: the
+//! thread pointer plus `__rseq_offset` (a `ptrdiff_t`), valid when `__rseq_size` (an
+//! `unsigned int`) is non-zero. Reading `cpu_id` is then one load relative to the thread
+//! pointer (`fs:0` on x86-64, `tpidr_el0` on aarch64), which is what librseq's
+//! `rseq_current_cpu_raw` does.
+//!
+//! # Finding glibc's registration at run time
+//!
+//! The two symbols are looked up once with `dlsym(RTLD_DEFAULT, ..)` rather than declared as
+//! `extern "C"` statics: a hard reference would stop the binary from loading on a glibc older
+//! than 2.35, and stable Rust has no weak linkage. The lookup is cached in one static word,
+//! so the hot path is: load the cached offset, add the thread pointer, load `cpu_id`. Each
+//! answer is checked: `cpu_id` stays `RSEQ_CPU_ID_UNINITIALIZED` (-1) or becomes
+//! `RSEQ_CPU_ID_REGISTRATION_FAILED` (-2) in a thread whose registration did not happen
+//! (under valgrind, or on a kernel without rseq), and `__rseq_size` is 0 when glibc was told
+//! not to register (`GLIBC_TUNABLES=glibc.pthread.rseq=0`). In each of those cases
+//! [`current_cpu`] returns `None` and the framework falls back to `sched_getcpu`; [`status`]
+//! says which is in use and why.
+//!
+//! # Fences for other CPUs
+//!
+//! [`RseqLock`](crate::RseqLock) commits with a plain store that only its own CPU may make;
+//! a thread elsewhere that must take such a word first *fences* that CPU with
+//! `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, cpu)` (Linux
+//! 5.10): when the call returns, every restartable sequence that was running on `cpu` has been
+//! aborted, and every one that starts later sees the caller's earlier stores. tcmalloc's
+//! per-CPU caches use the same call for their `FenceCpu`. The process must register for it
+//! once (`MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ`), done here on first use; the rseq
+//! lock is offered only when that registration succeeded.
+//!
+//! Under `cfg(loom)` there is no kernel: [`current_cpu`] reports a CPU the model sets with
+//! [`mock::migrate_to`], and the fences are modelled by the lock itself.
+
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicIsize, AtomicU8, Ordering};
+
+/// Byte offset of `cpu_id` in `struct rseq` (after `cpu_id_start`).
+#[cfg(not(loom))]
+pub(crate) const CPU_ID_OFFSET: usize = 4;
+/// Byte offset of `rseq_cs` in `struct rseq`.
+#[cfg(not(loom))]
+#[allow(dead_code)]
+pub(crate) const CS_OFFSET: usize = 8;
+/// The fields we use end at byte 20 (`cpu_id_start`, `cpu_id`, `rseq_cs`, `flags`): a
+/// registration smaller than that is not one we can use.
+#[cfg(not(loom))]
+const MIN_RSEQ_SIZE: u32 = 20;
+
+/// The cached `__rseq_offset` has not been looked up yet.
+#[cfg(not(loom))]
+const OFFSET_UNKNOWN: isize = isize::MIN;
+/// glibc registers no usable area (old glibc, `__rseq_size` 0, or an architecture we have no
+/// thread-pointer read for).
+#[cfg(not(loom))]
+const OFFSET_NONE: isize = isize::MIN + 1;
+
+#[cfg(not(loom))]
+static OFFSET: AtomicIsize = AtomicIsize::new(OFFSET_UNKNOWN);
+
+/// The calling thread's thread pointer.
+#[cfg(all(not(loom), target_arch = "x86_64"))]
+#[inline(always)]
+fn thread_pointer() -> Option<*const u8> {
+    let tp: *const u8;
+    // SAFETY: on x86-64 Linux the `fs` segment base is the thread pointer, and its first word
+    // holds the thread pointer itself (the TCB's self pointer, required by the x86-64 TLS ABI).
+    // The load reads thread-local memory that lives as long as the thread; it touches no stack
+    // and no flags.
+    unsafe {
+        std::arch::asm!("mov {}, fs:0", out(reg) tp, options(nostack, readonly, preserves_flags, pure));
+    }
+    Some(tp)
+}
+
+/// The calling thread's thread pointer.
+#[cfg(all(not(loom), target_arch = "aarch64"))]
+#[inline(always)]
+fn thread_pointer() -> Option<*const u8> {
+    let tp: *const u8;
+    // SAFETY: `tpidr_el0` is the user-readable thread-pointer register, which glibc sets to the
+    // thread's TCB; reading it has no side effects.
+    unsafe {
+        std::arch::asm!("mrs {}, tpidr_el0", out(reg) tp, options(nostack, nomem, preserves_flags, pure));
+    }
+    Some(tp)
+}
+
+/// No thread-pointer read for this architecture: rseq is never used.
+#[cfg(all(not(loom), not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
+#[inline(always)]
+fn thread_pointer() -> Option<*const u8> {
+    None
+}
+
+/// The calling thread's `struct rseq`, if glibc registered one for the process. (Whether it
+/// registered one *for this thread* is told by its `cpu_id`.)
+#[cfg(not(loom))]
+#[inline(always)]
+pub(crate) fn area() -> Option<*const u8> {
+    let offset = OFFSET.load(Ordering::Relaxed);
+    if offset > OFFSET_NONE {
+        // `wrapping_offset`: the sum is a thread-local address, not derived from an allocation
+        // Rust knows about.
+        return Some(thread_pointer()?.wrapping_offset(offset));
+    }
+    if offset == OFFSET_UNKNOWN {
+        return area_slow();
+    }
+    None
+}
+
+#[cfg(not(loom))]
+#[cold]
+fn area_slow() -> Option<*const u8> {
+    let offset = match lookup() {
+        Ok((offset, _size)) => offset,
+        Err(_) => OFFSET_NONE,
+    };
+    OFFSET.store(offset, Ordering::Relaxed);
+    if offset > OFFSET_NONE {
+        Some(thread_pointer()?.wrapping_offset(offset))
+    } else {
+        None
+    }
+}
+
+/// Looks up glibc's `__rseq_offset` and `__rseq_size`: the offset, or why there is none.
+#[cfg(not(loom))]
+fn lookup() -> Result<(isize, u32), String> {
+    thread_pointer().ok_or_else(|| {
+        format!(
+            "no thread-pointer read for {} (x86_64 and aarch64 only)",
+            std::env::consts::ARCH
+        )
+    })?;
+    // SAFETY: `dlsym` with `RTLD_DEFAULT` and a NUL-terminated name has no preconditions; it
+    // returns null when no loaded object defines the symbol.
+    let offset = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_offset".as_ptr()) };
+    // SAFETY: as above.
+    let size = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"__rseq_size".as_ptr()) };
+    if offset.is_null() || size.is_null() {
+        return Err("glibc exports no __rseq_offset/__rseq_size (glibc < 2.35)".to_string());
+    }
+    // SAFETY: glibc defines `__rseq_size` as a `const unsigned int` and `__rseq_offset` as a
+    // `const ptrdiff_t`, both set before any user code runs and never written again; the
+    // pointers `dlsym` returned are their addresses, suitably aligned.
+    let (offset, size) = unsafe { (*(offset as *const isize), *(size as *const u32)) };
+    if size == 0 {
+        return Err(
+            "glibc did not register rseq (__rseq_size is 0: GLIBC_TUNABLES=glibc.pthread.rseq=0, \
+             or a kernel without rseq)"
+                .to_string(),
+        );
+    }
+    if size < MIN_RSEQ_SIZE {
+        return Err(format!(
+            "__rseq_size is {size}, smaller than the {MIN_RSEQ_SIZE} bytes we read"
+        ));
+    }
+    Ok((offset, size))
+}
+
+/// The CPU the calling thread runs on, read from its rseq area: `None` when glibc registered
+/// no area for it (see the [module docs](self)). Like `sched_getcpu`, the answer may be stale
+/// the moment it is returned unless the thread is pinned.
+///
+/// ```
+/// if let Some(cpu) = qpw_core::rseq::current_cpu() {
+///     assert!(qpw_core::allowed_cpus()?.contains(cpu));
+/// }
+/// # Ok::<(), qpw_core::Error>(())
+/// ```
+#[inline]
+pub fn current_cpu() -> Option<usize> {
+    #[cfg(not(loom))]
+    {
+        let area = area()?;
+        // SAFETY: (1) `area` is the calling thread's registered `struct rseq` (glibc's
+        // `__rseq_offset` from the thread pointer), which lives as long as the thread and is
+        // at least `MIN_RSEQ_SIZE` bytes, so `cpu_id` at offset 4 is in bounds and 4-aligned
+        // (the struct is 32-aligned); (2) the kernel writes it only while this thread is not
+        // running user code, so a volatile load sees a whole value, never a torn one.
+        let cpu = unsafe { std::ptr::read_volatile(area.add(CPU_ID_OFFSET) as *const u32) };
+        // -1 (uninitialised) and -2 (registration failed) are the only negative values.
+        if (cpu as i32) < 0 {
+            None
+        } else {
+            Some(cpu as usize)
+        }
+    }
+    #[cfg(loom)]
+    {
+        mock::current()
+    }
+}
+
+/// Whether the calling thread can read its CPU from the rseq area (see [`current_cpu`]).
+#[inline]
+pub fn available() -> bool {
+    current_cpu().is_some()
+}
+
+/// The current CPU: the rseq read where available, else `sched_getcpu`.
+#[inline]
+pub(crate) fn cpu_now() -> Option<usize> {
+    #[cfg(not(loom))]
+    {
+        current_cpu().or_else(crate::affinity::current_cpu)
+    }
+    #[cfg(loom)]
+    {
+        None
+    }
+}
+
+/// One line saying how the calling thread finds its CPU, and which local lock
+/// [`RseqLock`](crate::RseqLock) uses in this process, with the reason when it falls back.
+///
+/// ```
+/// let status = qpw_core::rseq::status();
+/// assert!(status.starts_with("cpu: "));
+/// ```
+pub fn status() -> String {
+    let cpu = if available() {
+        "cpu: rseq cpu_id (glibc's registration)".to_string()
+    } else {
+        format!("cpu: sched_getcpu (fallback: {})", cpu_fallback_reason())
+    };
+    let lock = match lock_unavailable_reason() {
+        None => "rseq lock: rseq critical sections (membarrier registered)".to_string(),
+        Some(why) => format!("rseq lock: fallback to the atomic FairLock ({why})"),
+    };
+    format!("{cpu}; {lock}")
+}
+
+/// Why [`RseqLock`](crate::RseqLock) falls back to the atomic lock in this process, or `None`
+/// when it uses restartable sequences. Decided once, on first use, and never changed, so every
+/// lock of the process uses the same protocol.
+pub(crate) fn lock_unavailable_reason() -> Option<&'static str> {
+    #[cfg(not(loom))]
+    {
+        static REASON: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+        REASON
+            .get_or_init(|| {
+                if !cfg!(target_arch = "x86_64") {
+                    return Some(format!(
+                        "no rseq critical-section assembly for {}",
+                        std::env::consts::ARCH
+                    ));
+                }
+                if let Err(why) = lookup() {
+                    return Some(why);
+                }
+                membarrier_registered().err()
+            })
+            .as_deref()
+    }
+    #[cfg(loom)]
+    {
+        None
+    }
+}
+
+/// Whether [`RseqLock`](crate::RseqLock) uses restartable sequences in this process (`false`:
+/// it falls back to the atomic [`FairLock`](crate::FairLock) protocol; [`status`] says why).
+pub fn lock_available() -> bool {
+    lock_unavailable_reason().is_none()
+}
+
+fn cpu_fallback_reason() -> String {
+    #[cfg(not(loom))]
+    {
+        match lookup() {
+            Err(why) => why,
+            Ok(_) => "this thread's rseq registration failed (cpu_id is negative)".to_string(),
+        }
+    }
+    #[cfg(loom)]
+    {
+        "loom model".to_string()
+    }
+}
+
+/// `membarrier(2)` commands (`include/uapi/linux/membarrier.h`).
+#[cfg(not(loom))]
+#[allow(dead_code)] // the fences are used by the rseq lock
+mod cmd {
+    pub(super) const PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+    pub(super) const REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+    pub(super) const PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
+    pub(super) const REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
+    pub(super) const FLAG_CPU: libc::c_uint = 1 << 0;
+}
+
+#[cfg(not(loom))]
+fn membarrier(cmd: libc::c_int, flags: libc::c_uint, cpu: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: `membarrier` takes three integers and touches no memory of ours; an unknown
+    // command or an unregistered one fails with an error code.
+    let rc = unsafe { libc::syscall(libc::SYS_membarrier, cmd, flags, cpu) };
+    if rc < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Registers the process for the expedited membarrier commands the rseq lock needs, once;
+/// `Err` says why they are unavailable.
+#[cfg(not(loom))]
+pub(crate) fn membarrier_registered() -> Result<(), String> {
+    const UNKNOWN: u8 = 0;
+    const OK: u8 = 1;
+    const FAILED: u8 = 2;
+    static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
+    match STATE.load(Ordering::Acquire) {
+        OK => return Ok(()),
+        FAILED => {}
+        _ => {
+            let ok = membarrier(cmd::REGISTER_PRIVATE_EXPEDITED, 0, 0).is_ok()
+                && membarrier(cmd::REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0).is_ok();
+            STATE.store(if ok { OK } else { FAILED }, Ordering::Release);
+            if ok {
+                return Ok(());
+            }
+        }
+    }
+    let err = membarrier(cmd::REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0)
+        .err()
+        .map_or_else(|| "unknown error".to_string(), |e| e.to_string());
+    Err(format!(
+        "membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED_RSEQ) failed: {err}"
+    ))
+}
+
+/// Aborts every restartable sequence running on `cpu` now, and orders the caller's earlier
+/// stores before every sequence that starts there later (tcmalloc's `FenceCpu`).
+#[cfg(not(loom))]
+#[allow(dead_code)]
+pub(crate) fn fence_cpu(cpu: usize) -> std::io::Result<()> {
+    let cpu =
+        libc::c_int::try_from(cpu).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    membarrier(cmd::PRIVATE_EXPEDITED_RSEQ, cmd::FLAG_CPU, cpu)
+}
+
+/// The heavy side of an asymmetric fence: a full memory barrier on every CPU running a thread
+/// of this process, so that a plain store and load on the light side (which uses only a
+/// compiler fence) are ordered against the caller's.
+#[cfg(not(loom))]
+#[allow(dead_code)]
+pub(crate) fn heavy_fence() {
+    if membarrier(cmd::PRIVATE_EXPEDITED, 0, 0).is_err() {
+        // Registration is checked before the rseq lock is used, so this does not happen; a
+        // full fence here at least orders our own side.
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+}
+
+/// A CPU the loom model places each thread on.
+#[cfg(loom)]
+pub mod mock {
+    use std::cell::Cell;
+
+    use crate::sync::thread_local;
+
+    thread_local! {
+        #[allow(clippy::missing_const_for_thread_local)]
+        static CPU: Cell<Option<usize>> = Cell::new(None);
+    }
+
+    /// Moves the calling model thread to `cpu` (a migration: what the next restartable
+    /// sequence checks against).
+    pub fn migrate_to(cpu: Option<usize>) {
+        CPU.with(|c| c.set(cpu));
+    }
+
+    /// The CPU the calling model thread was last placed on.
+    pub fn current() -> Option<usize> {
+        CPU.with(Cell::get)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rseq_cpu_agrees_with_sched_getcpu_when_pinned() {
+        let allowed = crate::allowed_cpus().unwrap();
+        let before = crate::current_affinity().unwrap();
+        for cpu in allowed.iter() {
+            crate::pin_current_thread(cpu).unwrap();
+            if available() {
+                assert_eq!(current_cpu(), Some(cpu));
+            }
+            assert_eq!(cpu_now(), Some(cpu));
+        }
+        crate::set_current_affinity(&before).unwrap();
+        assert!(!status().is_empty());
+    }
+}
