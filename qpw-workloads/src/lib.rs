@@ -82,3 +82,297 @@ pub struct DrainOutcome {
     /// Stalls, panics and refusals, one per CPU at most.
     pub errors: Vec<qpw_core::Error>,
 }
+
+// ---------------------------------------------------------------------------------------------
+// Building an mm workload by name, and the counters the mm workloads share.
+
+/// The mm workloads [`build`] can make, by the names the command line uses.
+///
+/// ```
+/// use qpw_workloads::WorkloadKind;
+///
+/// assert_eq!("memcg".parse::<WorkloadKind>()?, WorkloadKind::Memcg);
+/// let err = "slab".parse::<WorkloadKind>().unwrap_err().to_string();
+/// assert_eq!(err, "unknown workload `slab`: expected one of lru, memcg, slub, pcp");
+/// # Ok::<(), qpw_workloads::WorkloadError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkloadKind {
+    /// [`lru::Lru`]: LRU folio batches (`mm/swap.c`).
+    Lru,
+    /// [`memcg::Memcg`]: memcg charge stock (`mm/memcontrol.c`).
+    Memcg,
+    /// [`slub::Slub`]: SLUB per-CPU sheaves (`mm/slub.c`).
+    Slub,
+    /// [`pcp::Pcp`]: page-allocator pcp lists (`mm/page_alloc.c`).
+    Pcp,
+}
+
+impl WorkloadKind {
+    /// Every kind, in the order the names are listed.
+    pub const ALL: [WorkloadKind; 4] = [
+        WorkloadKind::Lru,
+        WorkloadKind::Memcg,
+        WorkloadKind::Slub,
+        WorkloadKind::Pcp,
+    ];
+
+    /// The name the command line uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadKind::Lru => "lru",
+            WorkloadKind::Memcg => "memcg",
+            WorkloadKind::Slub => "slub",
+            WorkloadKind::Pcp => "pcp",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkloadKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for WorkloadKind {
+    type Err = WorkloadError;
+
+    fn from_str(input: &str) -> Result<Self, WorkloadError> {
+        let name = input.trim();
+        WorkloadKind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
+            .ok_or_else(|| WorkloadError::UnknownWorkload {
+                input: input.to_string(),
+            })
+    }
+}
+
+/// What can go wrong when an mm workload is built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkloadError {
+    /// A workload name that is not one of ours.
+    #[error("unknown workload `{input}`: expected one of lru, memcg, slub, pcp")]
+    UnknownWorkload {
+        /// The name as given.
+        input: String,
+    },
+
+    /// A size parameter outside its legal range.
+    #[error("{name} = {value} is out of range: the legal range is {min}-{max}")]
+    Parameter {
+        /// The parameter (the kernel constant it stands for).
+        name: &'static str,
+        /// The value given.
+        value: usize,
+        /// The smallest legal value.
+        min: usize,
+        /// The largest legal value.
+        max: usize,
+    },
+
+    /// A memcg id that the hierarchy does not have, or a parent named after its child.
+    #[error("memcg {memcg} is not in the hierarchy of {count} memcgs (ids 0-{last})", last = count.saturating_sub(1))]
+    NoSuchMemcg {
+        /// The id given.
+        memcg: usize,
+        /// How many memcgs there are.
+        count: usize,
+    },
+
+    /// An uncharge of more pages than the memcg holds.
+    #[error("cannot uncharge {nr_pages} pages from memcg {memcg}: it holds only {held}")]
+    NotCharged {
+        /// The memcg.
+        memcg: usize,
+        /// The pages asked for.
+        nr_pages: u64,
+        /// The pages its tasks hold.
+        held: u64,
+    },
+
+    /// A memcg hierarchy that is not a tree rooted at memcg 0 (each parent must come before
+    /// its children), or whose limits do not match it.
+    #[error("bad memcg hierarchy: {reason}")]
+    Hierarchy {
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The framework refused: a work item could not be made (a worker did not start), or the
+    /// calling thread has no CPU of the instance.
+    #[error(transparent)]
+    Qpw(#[from] qpw_core::Error),
+}
+
+impl WorkloadError {
+    pub(crate) fn check(
+        name: &'static str,
+        value: usize,
+        min: usize,
+        max: usize,
+    ) -> Result<(), Self> {
+        if (min..=max).contains(&value) {
+            Ok(())
+        } else {
+            Err(WorkloadError::Parameter {
+                name,
+                value,
+                min,
+                max,
+            })
+        }
+    }
+}
+
+/// Knobs [`build`] passes on; the defaults are the kernel's.
+#[derive(Debug, Clone, Default)]
+pub struct WorkloadOptions {
+    /// [`lru::LruConfig`] (`FOLIO_BATCH_SIZE`).
+    pub lru: lru::LruConfig,
+    /// [`memcg::MemcgConfig`] (stock slots, batch, hierarchy, drain strategy).
+    pub memcg: memcg::MemcgConfig,
+    /// [`slub::SlubConfig`] (sheaf capacity, `PCS_BATCH_MAX`, objects).
+    pub slub: slub::SlubConfig,
+    /// [`pcp::PcpConfig`] (`batch`, `high`, zones, pages).
+    pub pcp: pcp::PcpConfig,
+}
+
+/// Builds the mm workload `kind` on `qpw`'s CPUs, with `options`.
+///
+/// The handle is a plain `std::sync::Arc`: the emulator shares it between its threads and it
+/// is never model-checked itself (the workloads' own state uses `qpw_core::sync`).
+pub fn build(
+    kind: WorkloadKind,
+    qpw: &qpw_core::Qpw,
+    options: &WorkloadOptions,
+) -> Result<std::sync::Arc<dyn Workload>, WorkloadError> {
+    Ok(match kind {
+        WorkloadKind::Lru => std::sync::Arc::new(lru::Lru::new(qpw, options.lru.clone())?),
+        WorkloadKind::Memcg => std::sync::Arc::new(memcg::Memcg::new(qpw, options.memcg.clone())?),
+        WorkloadKind::Slub => std::sync::Arc::new(slub::Slub::new(qpw, options.slub.clone())?),
+        WorkloadKind::Pcp => std::sync::Arc::new(pcp::Pcp::new(qpw, options.pcp.clone())?),
+    })
+}
+
+/// The counters a CPU's owner side keeps, inside its per-CPU state and under its lock: local
+/// operations, and the drains that ran for it (counted by the drain itself, which holds the
+/// lock whether it runs on the worker or in the requester).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct OwnerCounters {
+    pub(crate) local_ops: u64,
+    pub(crate) drains_remote: u64,
+    pub(crate) drains_queued: u64,
+}
+
+impl OwnerCounters {
+    /// Counts one drain run for this CPU, remote or queued as `ctx` says.
+    #[inline]
+    pub(crate) fn drained(&mut self, ctx: &qpw_core::WorkCtx) {
+        if ctx.is_remote() {
+            self.drains_remote += 1;
+        } else {
+            self.drains_queued += 1;
+        }
+    }
+}
+
+/// The counters only requesters write (they hold no lock of the CPU they skip): per CPU, the
+/// drains that left it alone and what they left behind.
+#[derive(Debug)]
+pub(crate) struct SkipCounters {
+    cpus: Vec<usize>,
+    skipped: Vec<qpw_core::sync::AtomicU64>,
+    stranded: Vec<qpw_core::sync::AtomicU64>,
+}
+
+impl SkipCounters {
+    pub(crate) fn new(cpus: &qpw_core::CpuSet) -> Self {
+        let n = cpus.len();
+        Self {
+            cpus: cpus.as_slice().to_vec(),
+            skipped: (0..n).map(|_| qpw_core::sync::AtomicU64::new(0)).collect(),
+            stranded: (0..n).map(|_| qpw_core::sync::AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// The managed CPUs, in order.
+    pub(crate) fn cpus(&self) -> &[usize] {
+        &self.cpus
+    }
+
+    /// The slot index of a managed CPU (the position in the CPU list).
+    #[inline]
+    pub(crate) fn idx(&self, cpu: usize) -> usize {
+        self.cpus
+            .binary_search(&cpu)
+            .expect("the drains only visit managed CPUs")
+    }
+
+    /// Counts one drain that left `cpu` alone with `stranded` items in its cache.
+    pub(crate) fn skip(&self, cpu: usize, stranded: u64) {
+        let idx = self.idx(cpu);
+        self.skipped[idx].fetch_add(1, qpw_core::sync::Ordering::Relaxed);
+        if stranded > 0 {
+            self.stranded[idx].fetch_add(stranded, qpw_core::sync::Ordering::Relaxed);
+        }
+    }
+
+    /// Joins the owners' counters (in CPU order) with these.
+    pub(crate) fn merge(&self, owners: &[(usize, OwnerCounters)]) -> Vec<CpuCounters> {
+        owners
+            .iter()
+            .map(|&(cpu, own)| {
+                let idx = self.idx(cpu);
+                CpuCounters {
+                    cpu,
+                    local_ops: own.local_ops,
+                    drains_remote: own.drains_remote,
+                    drains_queued: own.drains_queued,
+                    drains_skipped: self.skipped[idx].load(qpw_core::sync::Ordering::Relaxed),
+                    stranded: self.stranded[idx].load(qpw_core::sync::Ordering::Relaxed),
+                }
+            })
+            .collect()
+    }
+}
+
+impl DrainOutcome {
+    /// The outcome of a drain that returned at once.
+    pub(crate) fn whole_drain_skipped() -> Self {
+        DrainOutcome {
+            skipped: true,
+            ..DrainOutcome::default()
+        }
+    }
+
+    /// The outcome of a drain that went through [`qpw_core::PerCpuWork::drain_all`].
+    pub(crate) fn from_report(report: qpw_core::DrainReport) -> Self {
+        DrainOutcome {
+            queued: report.queued.len(),
+            ran_remote: report.ran_remote.len(),
+            skipped_cpus: report.skipped.len(),
+            skipped: false,
+            errors: report.errors,
+        }
+    }
+}
+
+/// Runs `work` on the CPUs `needs` picks, then flushes them, within `timeout` if there is one.
+pub(crate) fn drain_cpus(
+    work: &qpw_core::PerCpuWork,
+    needs: impl FnMut(usize) -> bool,
+    timeout: Option<Duration>,
+) -> qpw_core::DrainReport {
+    match timeout {
+        Some(timeout) => work.drain_all_timeout(needs, timeout),
+        None => work.drain_all(needs),
+    }
+}
+
+/// Takes a `qpw_core::sync` mutex; the workloads' critical sections leave their state
+/// consistent at every step a panic could interrupt, so a poisoned lock is taken anyway.
+pub(crate) fn lock<T>(mutex: &qpw_core::sync::Mutex<T>) -> qpw_core::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
