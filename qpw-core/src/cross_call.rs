@@ -407,6 +407,12 @@ fn find(space: u64, cpu: usize) -> Option<&'static Mailbox> {
     })
 }
 
+/// A fresh id space, distinct from every other this process has been given.
+pub fn new_space() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Whether a thread is registered for `cpu` in `space`.
 pub fn has_target(space: u64, cpu: usize) -> bool {
     find(space, cpu).is_some()
@@ -533,7 +539,7 @@ mod tests {
 
     /// A unique space per test, so that parallel tests never call each other's targets.
     fn space() -> u64 {
-        crate::sync::next_instance_id() | 1 << 63
+        new_space()
     }
 
     fn record(ctx: &CallCtx, arg: *const ()) {
