@@ -239,7 +239,12 @@ impl Lru {
     /// Step 1 of `__lru_add_drain_all`: the drain generation, read after a full barrier so
     /// that this thread's batch stores are visible to whoever bumps it next.
     pub fn drain_generation(&self) -> DrainGen {
-        DrainGen(self.shared.gen.load(Ordering::SeqCst))
+        // The kernel's smp_mb() + smp_load_acquire(), as a read-modify-write that changes
+        // nothing: it takes its place in the word's modification order, so a drain that bumps
+        // the generation after it reads from it (release/acquire) and sees our batch's hint.
+        // A plain SeqCst load would do on hardware, but loom models SeqCst loads as acquire
+        // loads only, and its model of this protocol found the missed folio that allows.
+        DrainGen(self.shared.gen.fetch_add(0, Ordering::SeqCst))
     }
 
     /// Steps 2-4 of `__lru_add_drain_all`, for a generation snapshot taken earlier with

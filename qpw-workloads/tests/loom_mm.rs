@@ -1,0 +1,174 @@
+//! Loom models of the LRU drain and the memcg stock drain. Run with
+//! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p qpw-workloads loom_`.
+//!
+//! The world is shrunk to two logical CPUs, batches of 2 folios and stocks of 2 slots of 2
+//! pages: the drain protocols (generation, mutex, hints, per-CPU work) do not depend on those
+//! sizes, only on how the parties interleave. Loom allows five threads, the main one included,
+//! and each queue-mode CPU brings its worker, so the models keep at most one queue-mode CPU.
+//! Every model drops its `Qpw` inside the model (which joins the workers) and ends in a
+//! conservation assertion.
+
+#![cfg(loom)]
+
+use loom::sync::Arc;
+use loom::thread;
+
+use qpw_core::{CpuSpec, Policy, Qpw};
+use qpw_workloads::lru::{Lru, LruConfig};
+use qpw_workloads::memcg::{Memcg, MemcgConfig, StockDrainStrategy, UNLIMITED};
+use qpw_workloads::Workload;
+
+fn instance(policy: Policy) -> Arc<Qpw> {
+    Arc::new(
+        Qpw::builder()
+            .cpus(CpuSpec::Logical(2))
+            .policy(policy)
+            .build()
+            .expect("build the instance"),
+    )
+}
+
+/// Batches of 2 instead of 31: the drain logic does not depend on the size.
+fn tiny_lru(qpw: &Qpw) -> Arc<Lru> {
+    Arc::new(Lru::new(qpw, LruConfig { batch_size: 2 }).expect("build the LRU"))
+}
+
+/// Two slots of at most 2 pages instead of 7 of 64, over root -> {1, 2}: the stock and drain
+/// logic do not depend on the sizes.
+fn tiny_memcg(qpw: &Qpw) -> Arc<Memcg> {
+    let config = MemcgConfig {
+        stock_slots: 2,
+        charge_batch: 2,
+        parents: vec![None, Some(0), Some(0)],
+        limits: vec![UNLIMITED; 3],
+        strategy: StockDrainStrategy::PerCpuWork,
+    };
+    Arc::new(Memcg::new(qpw, config).expect("build the memcg tree"))
+}
+
+/// Each of two threads adds a folio on its own CPU, leaves the CPU, and calls
+/// `lru_add_drain_all`. Whichever drain skips on the generation, each caller finds its folio
+/// on the LRU when its drain returns: the generation skip never loses a folio added before the
+/// call.
+#[test]
+fn loom_lru_generation_skip_never_loses_a_folio() {
+    loom::model(|| {
+        let qpw = instance(Policy::Remote);
+        let lru = tiny_lru(&qpw);
+        let add_then_drain = {
+            let (qpw, lru) = (qpw.clone(), lru.clone());
+            move |cpu: usize| {
+                let folio = {
+                    let _bound = qpw.bind_current(cpu).unwrap();
+                    lru.folio_add_lru().unwrap()
+                };
+                let outcome = lru.lru_add_drain_all();
+                assert!(outcome.errors.is_empty());
+                assert!(
+                    lru.on_lru(folio),
+                    "folio {folio:?} missed by a drain that returned"
+                );
+            }
+        };
+        let other = {
+            let add_then_drain = add_then_drain.clone();
+            thread::spawn(move || add_then_drain(1))
+        };
+        add_then_drain(0);
+        other.join().unwrap();
+
+        assert_eq!(lru.lru_len(), 2);
+        lru.check_conservation().unwrap();
+        drop(add_then_drain);
+    });
+}
+
+/// A thread of a queue-mode CPU fills and overflows its batch while an unbound requester
+/// drains; the worker and the owner interleave under the CPU's lock. The requester's own
+/// folio (added on the remote-mode CPU before its call) is on the LRU when the drain returns,
+/// and at the end every folio is in exactly one place.
+#[test]
+fn loom_lru_queued_drain_against_the_owner() {
+    loom::model(|| {
+        let qpw = instance(Policy::RemoteOn("1".parse().unwrap()));
+        let lru = tiny_lru(&qpw);
+        let owner = {
+            let (qpw, lru) = (qpw.clone(), lru.clone());
+            thread::spawn(move || {
+                let _bound = qpw.bind_current(0).unwrap();
+                lru.folio_add_lru().unwrap();
+                lru.folio_add_lru().unwrap();
+                lru.folio_add_lru().unwrap();
+            })
+        };
+        let mine = {
+            let _bound = qpw.bind_current(1).unwrap();
+            lru.folio_add_lru().unwrap()
+        };
+        let outcome = lru.lru_add_drain_all();
+        assert!(outcome.errors.is_empty());
+        assert!(lru.on_lru(mine));
+        owner.join().unwrap();
+
+        lru.check_conservation().unwrap();
+        let batched: usize = lru.batch_lens().iter().map(|&(_, n)| n).sum();
+        assert_eq!(lru.lru_len() + batched, 4);
+    });
+}
+
+/// The owner charges and uncharges through its stock while a requester drains it remotely:
+/// no page is lost or counted twice, and after a final drain the counters equal what tasks
+/// hold.
+#[test]
+fn loom_memcg_remote_drain_against_the_owner() {
+    loom::model(|| {
+        let qpw = instance(Policy::Remote);
+        let memcg = tiny_memcg(&qpw);
+        let owner = {
+            let (qpw, memcg) = (qpw.clone(), memcg.clone());
+            thread::spawn(move || {
+                let _bound = qpw.bind_current(1).unwrap();
+                memcg.try_charge(1, 1).unwrap();
+                memcg.uncharge(1, 1).unwrap();
+            })
+        };
+        let outcome = memcg.drain_all_stock(0);
+        assert!(outcome.errors.is_empty());
+        owner.join().unwrap();
+
+        memcg.check_conservation().unwrap();
+        memcg.drain_all_stock(0);
+        assert_eq!((memcg.usage(1), memcg.stocked(1), memcg.held(1)), (0, 0, 0));
+        memcg.check_conservation().unwrap();
+    });
+}
+
+/// Two requesters race for `percpu_charge_mutex` while the owner of a queue-mode CPU charges:
+/// a requester that loses the race returns at once, one that wins drains through the worker,
+/// and the conservation law holds at the end.
+#[test]
+fn loom_memcg_concurrent_drains_and_queued_work() {
+    loom::model(|| {
+        let qpw = instance(Policy::RemoteOn("1".parse().unwrap()));
+        let memcg = tiny_memcg(&qpw);
+        let owner = {
+            let (qpw, memcg) = (qpw.clone(), memcg.clone());
+            thread::spawn(move || {
+                let _bound = qpw.bind_current(0).unwrap();
+                memcg.try_charge(2, 1).unwrap();
+            })
+        };
+        let rival = {
+            let memcg = memcg.clone();
+            thread::spawn(move || memcg.drain_all_stock(0))
+        };
+        let mine = memcg.drain_all_stock(0);
+        let theirs = rival.join().unwrap();
+        owner.join().unwrap();
+        assert!(mine.errors.is_empty() && theirs.errors.is_empty());
+
+        memcg.check_conservation().unwrap();
+        assert_eq!(memcg.held(2), 1);
+        assert!(memcg.usage(2) >= 1 && memcg.usage(2) <= 2);
+    });
+}
