@@ -42,13 +42,12 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use qpw_core::sync::{
-    thread, AtomicBool, AtomicU64, AtomicUsize, Condvar, MutPtr, Mutex, MutexGuard, Ordering,
-    UnsafeCell,
-};
-use qpw_core::{CpuSpec, PerCpu, PerCpuGuard, Policy, Qpw};
+use qpw_core::sync::{thread, AtomicBool, AtomicU64, AtomicUsize, MutPtr, Ordering, UnsafeCell};
+#[cfg(not(loom))]
+use qpw_core::sync::{Condvar, Mutex, MutexGuard};
+use qpw_core::{CpuSpec, PerCpu, PerCpuGuard, Qpw};
 
 /// `RESERVE_COUNT`: buffers the global list keeps back (security/apparmor/lsm.c).
 pub const RESERVE_COUNT: usize = 2;
@@ -1003,6 +1002,7 @@ pub struct HackbenchReport {
     pub stats: PoolStats,
 }
 
+#[cfg(not(loom))]
 /// One receiver's mailbox (the pipe).
 #[derive(Debug, Default)]
 struct Mailbox {
@@ -1010,10 +1010,12 @@ struct Mailbox {
     ready: Condvar,
 }
 
+#[cfg(not(loom))]
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+#[cfg(not(loom))]
 /// The stamp a sender writes: its id and the message's sequence number, repeated.
 fn stamp(tag: u64, bytes: &mut [u8]) {
     for (i, b) in bytes.iter_mut().enumerate() {
@@ -1021,6 +1023,7 @@ fn stamp(tag: u64, bytes: &mut [u8]) {
     }
 }
 
+#[cfg(not(loom))]
 fn stamped(tag: u64, bytes: &[u8]) -> bool {
     bytes
         .iter()
@@ -1028,6 +1031,7 @@ fn stamped(tag: u64, bytes: &[u8]) -> bool {
         .all(|(i, &b)| b == (tag >> ((i % 8) * 8)) as u8 ^ i as u8)
 }
 
+#[cfg(not(loom))]
 /// Runs the hackbench load on `pool`, threads bound round-robin to `qpw`'s CPUs.
 pub fn hackbench(
     qpw: &Qpw,
@@ -1117,7 +1121,7 @@ pub fn hackbench(
             }
             thread::yield_now();
         }
-        let start = Instant::now();
+        let start = std::time::Instant::now();
         go.store(true, Ordering::Release);
         let mut first_err = None;
         for h in handles {
@@ -1196,12 +1200,13 @@ pub struct PoolFigures {
     pub runs: Vec<HackbenchReport>,
 }
 
+#[cfg(not(loom))]
 /// Runs hackbench on each design at each group count, on a fresh pool each time, and checks
 /// conservation after each run.
 pub fn pool_figures(config: &PoolFiguresConfig) -> Result<PoolFigures, PoolError> {
     let qpw = Qpw::builder()
         .cpus(config.cpus.clone())
-        .policy(Policy::Remote)
+        .policy(qpw_core::Policy::Remote)
         .build()?;
     let mut runs = Vec::new();
     for &design in &config.designs {

@@ -1815,7 +1815,7 @@ impl Shared {
         let mut last = Instant::now();
         let mut carry = vec![0u128; self.hw.nr_domains * self.hw.nr_rmids * 2];
         while !self.stop.load(Ordering::Acquire) {
-            thread::sleep(tick);
+            std::thread::sleep(tick);
             let now = Instant::now();
             let dt = now.duration_since(last).as_nanos();
             last = now;
