@@ -81,6 +81,19 @@ pub enum Error {
         caller: Option<usize>,
     },
 
+    /// A lock that only its own CPU's threads may take, asked for on a remote-mode CPU (whose
+    /// lock other CPUs take).
+    #[error(
+        "cpu {cpu} is in remote mode, where other CPUs take its lock, but the {lock} lock may \
+         only be taken by that CPU's own threads: build the instance with every CPU in queue mode"
+    )]
+    LockNeedsQueueMode {
+        /// The first remote-mode CPU.
+        cpu: usize,
+        /// The lock's name.
+        lock: &'static str,
+    },
+
     /// `lock_local` from a thread whose CPU the instance cannot tell.
     #[error(
         "the calling thread's CPU is unknown to this instance of {managed}: bind it with \

@@ -172,13 +172,22 @@ impl Builder {
     }
 }
 
+#[cfg(not(loom))]
 thread_local! {
-    /// The (instance id, CPU) this thread was bound to by the framework, if any. (Not a
-    /// `const` initialiser: loom's `thread_local!` does not take one.)
+    /// The (instance id, CPU) this thread was bound to by the framework, if any. A `const`
+    /// initialiser, so that reading it on `lock_local`'s hot path is one TLS load with no
+    /// lazy-initialisation check.
+    static BINDING: Cell<Option<(u64, usize)>> = const { Cell::new(None) };
+}
+
+#[cfg(loom)]
+thread_local! {
+    /// As above; loom's `thread_local!` takes no `const` initialiser.
     #[allow(clippy::missing_const_for_thread_local)]
     static BINDING: Cell<Option<(u64, usize)>> = Cell::new(None);
 }
 
+#[inline]
 pub(crate) fn binding() -> Option<(u64, usize)> {
     BINDING.with(Cell::get)
 }
@@ -245,7 +254,7 @@ impl Inner {
         if self.logical {
             return None;
         }
-        crate::rseq::cpu_now().filter(|&c| self.managed.contains(c))
+        crate::rseq::cpu_now().filter(|&c| matches!(self.index.get(c), Some(&i) if i != usize::MAX))
     }
 
     /// The worker of slot `idx`, started on first use.
@@ -362,6 +371,8 @@ impl Qpw {
         let previous_affinity = affinity::current_affinity()?;
         affinity::set_current_affinity(&CpuSet::from_iter([self.inner.phys[idx]]))?;
         let previous = set_binding(Some((self.inner.id, cpu)));
+        #[cfg(loom)]
+        crate::rseq::mock::migrate_to(Some(self.inner.phys[idx]));
         Ok(Binding {
             previous,
             previous_affinity,
@@ -373,6 +384,36 @@ impl Qpw {
     /// CPU's [`FairLock`](crate::FairLock) (the kernel's `DEFINE_PER_CPU` plus `pw_lock_init`).
     pub fn per_cpu<T>(&self, init: impl FnMut(usize) -> T) -> PerCpu<T> {
         PerCpu::new(self.inner.clone(), init)
+    }
+
+    /// Like [`per_cpu`](Self::per_cpu), with the local lock `L` chosen by type: for example
+    /// [`RseqLock`](crate::RseqLock), the restartable-sequence lock. A lock that only its own
+    /// CPU's threads may take ([`RawLocalLock::OWN_CPU_ONLY`](crate::RawLocalLock::OWN_CPU_ONLY))
+    /// is refused with [`Error::LockNeedsQueueMode`] when any CPU is in remote mode.
+    ///
+    /// ```
+    /// use qpw_core::{FairLock, Policy, Qpw, RseqLock};
+    ///
+    /// let qpw = Qpw::new(Policy::Queue)?;
+    /// let fair = qpw.per_cpu_with::<FairLock, _>(|_| 0u32)?; // the same as `per_cpu`
+    /// let rseq = qpw.per_cpu_with::<RseqLock, _>(|_| 0u32)?;
+    /// *rseq.lock_local()? += 1;
+    /// # drop(fair);
+    /// # Ok::<(), qpw_core::Error>(())
+    /// ```
+    pub fn per_cpu_with<L: crate::RawLocalLock, T>(
+        &self,
+        init: impl FnMut(usize) -> T,
+    ) -> Result<PerCpu<T, L>> {
+        if L::OWN_CPU_ONLY {
+            if let Some(cpu) = self.cpus_in(Mode::Remote).first() {
+                return Err(Error::LockNeedsQueueMode {
+                    cpu,
+                    lock: lock_name::<L>(),
+                });
+            }
+        }
+        Ok(PerCpu::new(self.inner.clone(), init))
     }
 
     /// A per-CPU work item (`struct pw_struct` on every CPU, `INIT_PW`): `func` runs once per
@@ -408,6 +449,16 @@ impl Drop for Qpw {
         for (cpu, message) in &report.panicked {
             eprintln!("qpw: work on cpu {cpu} panicked during shutdown: {message}");
         }
+    }
+}
+
+/// A short name for a lock type, for error messages.
+fn lock_name<L>() -> &'static str {
+    let full = std::any::type_name::<L>();
+    match full.rsplit("::").next() {
+        Some("RseqLock") => "rseq",
+        Some("FairLock") => "fair",
+        Some(_) | None => full,
     }
 }
 

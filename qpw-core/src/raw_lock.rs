@@ -22,6 +22,21 @@ pub unsafe trait RawLocalLock: Send + Sync {
     /// A new, unlocked lock.
     fn new() -> Self;
 
+    /// Whether the lock may be taken only by the threads of its own CPU, so that an instance
+    /// must refuse to make it for a remote-mode CPU (locks with no [`RawRemoteLock`] impl).
+    const OWN_CPU_ONLY: bool = false;
+
+    /// A new, unlocked lock for the slot of a CPU whose threads run on physical CPU `phys`.
+    /// Locks that do not care where they are taken from ignore it (the default).
+    #[inline]
+    fn for_cpu(phys: usize) -> Self
+    where
+        Self: Sized,
+    {
+        let _ = phys;
+        Self::new()
+    }
+
     /// Takes the lock, waiting as long as needed.
     fn lock(&self);
 
@@ -34,6 +49,27 @@ pub unsafe trait RawLocalLock: Send + Sync {
     ///
     /// The lock is held, and this call releases the hold taken by the caller's context.
     unsafe fn unlock(&self);
+
+    /// Takes the lock on behalf of a thread that chose it because it runs on the lock's CPU
+    /// now ([`PerCpu::lock_local`](crate::PerCpu::lock_local) from an unbound thread), or
+    /// returns [`LocalAttempt::Elsewhere`] without taking it when the thread turns out to run
+    /// elsewhere, so that the caller can pick its new CPU's lock instead. The default takes the
+    /// lock wherever the thread runs.
+    #[inline]
+    fn lock_on_current_cpu(&self) -> LocalAttempt {
+        self.lock();
+        LocalAttempt::Locked
+    }
+}
+
+/// What [`RawLocalLock::lock_on_current_cpu`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum LocalAttempt {
+    /// The lock is now held by the caller.
+    Locked,
+    /// The caller does not run on the lock's CPU (it migrated): nothing was taken.
+    Elsewhere,
 }
 
 /// A raw lock that threads on any CPU may take: the remote-mode capability.

@@ -273,8 +273,26 @@ pub(crate) fn lock_unavailable_reason() -> Option<&'static str> {
 
 /// Whether [`RseqLock`](crate::RseqLock) uses restartable sequences in this process (`false`:
 /// it falls back to the atomic [`FairLock`](crate::FairLock) protocol; [`status`] says why).
+#[inline]
 pub fn lock_available() -> bool {
-    lock_unavailable_reason().is_none()
+    #[cfg(not(loom))]
+    {
+        // The decision, cached in one byte for the lock's hot path: 0 unknown, 1 yes, 2 no.
+        static CACHED: AtomicU8 = AtomicU8::new(0);
+        match CACHED.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let yes = lock_unavailable_reason().is_none();
+                CACHED.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+                yes
+            }
+        }
+    }
+    #[cfg(loom)]
+    {
+        true
+    }
 }
 
 fn cpu_fallback_reason() -> String {
@@ -293,7 +311,6 @@ fn cpu_fallback_reason() -> String {
 
 /// `membarrier(2)` commands (`include/uapi/linux/membarrier.h`).
 #[cfg(not(loom))]
-#[allow(dead_code)] // the fences are used by the rseq lock
 mod cmd {
     pub(super) const PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
     pub(super) const REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
@@ -345,7 +362,6 @@ pub(crate) fn membarrier_registered() -> Result<(), String> {
 /// Aborts every restartable sequence running on `cpu` now, and orders the caller's earlier
 /// stores before every sequence that starts there later (tcmalloc's `FenceCpu`).
 #[cfg(not(loom))]
-#[allow(dead_code)]
 pub(crate) fn fence_cpu(cpu: usize) -> std::io::Result<()> {
     let cpu =
         libc::c_int::try_from(cpu).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
@@ -355,8 +371,16 @@ pub(crate) fn fence_cpu(cpu: usize) -> std::io::Result<()> {
 /// The heavy side of an asymmetric fence: a full memory barrier on every CPU running a thread
 /// of this process, so that a plain store and load on the light side (which uses only a
 /// compiler fence) are ordered against the caller's.
+/// Like [`fence_cpu`], for every CPU running a thread of the process.
 #[cfg(not(loom))]
-#[allow(dead_code)]
+pub(crate) fn fence_all_cpus() {
+    if membarrier(cmd::PRIVATE_EXPEDITED_RSEQ, 0, 0).is_err() {
+        // Registration is checked before the rseq lock is used, so this does not happen.
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+}
+
+#[cfg(not(loom))]
 pub(crate) fn heavy_fence() {
     if membarrier(cmd::PRIVATE_EXPEDITED, 0, 0).is_err() {
         // Registration is checked before the rseq lock is used, so this does not happen; a

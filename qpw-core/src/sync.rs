@@ -15,7 +15,7 @@
 #[cfg(not(loom))]
 mod imp {
     pub use std::hint::spin_loop;
-    pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use std::sync::{Arc, Condvar, Mutex, MutexGuard};
     pub use std::thread;
     pub use std::thread_local;
@@ -113,7 +113,7 @@ mod imp {
 mod imp {
     pub use loom::cell::{MutPtr, UnsafeCell};
     pub use loom::hint::spin_loop;
-    pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
     pub use loom::thread;
     pub use loom::thread_local;

@@ -174,6 +174,9 @@ struct Queue {
 /// variable whenever its queue is empty (the kworker).
 pub(crate) struct Worker {
     cpu: usize,
+    /// The physical CPU the worker is pinned to.
+    #[cfg_attr(not(loom), allow(dead_code))]
+    phys: usize,
     queue: Mutex<Queue>,
     wake: Condvar,
 }
@@ -209,6 +212,8 @@ impl Worker {
 
     fn run(&self, instance: u64) -> ShutdownReport {
         set_binding(Some((instance, self.cpu)));
+        #[cfg(loom)]
+        crate::rseq::mock::migrate_to(Some(self.phys));
         let mut report = ShutdownReport::default();
         loop {
             let (slot, stopping) = {
@@ -276,6 +281,7 @@ impl WorkerPool {
         }
         let worker = Arc::new(Worker {
             cpu,
+            phys,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
         });
