@@ -1,8 +1,9 @@
-//! Loom models of the LRU drain and the memcg stock drain. Run with
+//! Loom models of the LRU drain, the memcg stock drain, the SLUB flush and the pcp drain. Run
+//! with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p qpw-workloads loom_`.
 //!
-//! The world is shrunk to two logical CPUs, batches of 2 folios and stocks of 2 slots of 2
-//! pages: the drain protocols (generation, mutex, hints, per-CPU work) do not depend on those
+//! The world is shrunk to two logical CPUs, batches of 2 folios, stocks of 2 slots of 2
+//! pages, sheaves of 2 objects flushed one at a time, pcp batches of 2: the drain protocols (generation, mutex, hints, per-CPU work) do not depend on those
 //! sizes, only on how the parties interleave. Loom allows five threads, the main one included,
 //! and each queue-mode CPU brings its worker, so the models keep at most one queue-mode CPU.
 //! Every model drops its `Qpw` inside the model (which joins the workers) and ends in a
@@ -16,6 +17,8 @@ use loom::thread;
 use qpw_core::{CpuSpec, Policy, Qpw};
 use qpw_workloads::lru::{Lru, LruConfig};
 use qpw_workloads::memcg::{Memcg, MemcgConfig, StockDrainStrategy, UNLIMITED};
+use qpw_workloads::pcp::{Pcp, PcpConfig};
+use qpw_workloads::slub::{Slub, SlubConfig};
 use qpw_workloads::Workload;
 
 fn instance(policy: Policy) -> Arc<Qpw> {
@@ -170,5 +173,72 @@ fn loom_memcg_concurrent_drains_and_queued_work() {
         memcg.check_conservation().unwrap();
         assert_eq!(memcg.held(2), 1);
         assert!(memcg.usage(2) >= 1 && memcg.usage(2) <= 2);
+    });
+}
+
+/// The owner allocates and frees through its sheaves while a requester flushes them remotely,
+/// one object per hold of the lock: every object stays in exactly one place.
+#[test]
+fn loom_slub_chunked_flush_against_the_owner() {
+    loom::model(|| {
+        // Sheaves of 2 flushed one object at a time instead of 64 in chunks of 32: the chunked
+        // flush does not depend on the sizes. The rcu flush's work item starts a worker on
+        // each CPU: with both CPUs in remote mode those two are the only workers, and the
+        // model stays within loom's five threads.
+        let qpw = instance(Policy::Remote);
+        let config = SlubConfig {
+            sheaf_capacity: 2,
+            batch_max: 1,
+            objects: 4,
+        };
+        let slub = Arc::new(Slub::new(&qpw, config).expect("build the cache"));
+        let owner = {
+            let (qpw, slub) = (qpw.clone(), slub.clone());
+            thread::spawn(move || {
+                let _bound = qpw.bind_current(1).unwrap();
+                let object = slub.kmem_cache_alloc().unwrap().unwrap();
+                slub.kmem_cache_free(object).unwrap();
+            })
+        };
+        let outcome = slub.flush_all();
+        assert!(outcome.errors.is_empty());
+        owner.join().unwrap();
+
+        slub.check_conservation().unwrap();
+        slub.flush_all();
+        assert_eq!(slub.slab_free(), 4);
+        slub.check_conservation().unwrap();
+    });
+}
+
+/// The owner allocates a page and frees it while a requester drains the pcp lists remotely:
+/// every page stays in exactly one place, and a final drain returns them all to the zone.
+#[test]
+fn loom_pcp_remote_drain_against_the_owner() {
+    loom::model(|| {
+        // Batches of 2 instead of 63: the drain does not depend on the size.
+        let qpw = instance(Policy::Remote);
+        let config = PcpConfig {
+            batch: 2,
+            high: 2,
+            zones: 1,
+            pages_per_zone: 4,
+        };
+        let pcp = Arc::new(Pcp::new(&qpw, config).expect("build the lists"));
+        let owner = {
+            let (qpw, pcp) = (qpw.clone(), pcp.clone());
+            thread::spawn(move || {
+                let _bound = qpw.bind_current(0).unwrap();
+                pcp.process_op().unwrap(); // allocates a page for a task
+            })
+        };
+        let outcome = pcp.drain_all_pages(Some(0));
+        assert!(outcome.errors.is_empty());
+        owner.join().unwrap();
+
+        pcp.check_conservation().unwrap();
+        pcp.drain_all_pages(None);
+        assert_eq!(pcp.zone_free(0), 3); // the task holds one
+        pcp.check_conservation().unwrap();
     });
 }
