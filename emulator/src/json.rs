@@ -1,0 +1,374 @@
+//! The JSON results: rt-tests' envelope, the tool's per-thread objects, then our own fields.
+//!
+//! The layout follows rt-tests' `rt_write_json()` (`src/lib/rt-utils.c`) and the tools'
+//! `write_summary_json()` callbacks (`src/oslat/oslat.c`, `src/cyclictest/cyclictest.c`), as
+//! Debian's rt-tests 2.4 writes them: the keys `"cmdline:"` and `"rt_test_version:"` carry the
+//! colon *inside* the key; `thread` is an object keyed by thread index (`"0"`, `"1"`, ...); a
+//! histogram is an object of its non-zero buckets keyed by the bucket's upper edge. A script
+//! that reads the real tools' files reads ours; our additions are extra top-level keys, which
+//! such scripts ignore. [`Envelope`] also reads the real tools' files back (our fields then
+//! take their defaults), so `qpw-emu report` can show both side by side.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::hist::{Histogram, Percentiles};
+use crate::load::{LoadReport, RequesterReport};
+use crate::rt::SysInfo;
+
+/// The version string we write in `"rt_test_version:"`: ours, marked as such.
+pub const VERSION: &str = concat!("qpw-emu ", env!("CARGO_PKG_VERSION"));
+
+/// rt-tests' common envelope around a tool's body.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Envelope<B> {
+    /// The format's version (rt-tests writes 1).
+    pub file_version: u32,
+    /// The command line, as typed.
+    #[serde(rename = "cmdline:")]
+    pub cmdline: String,
+    /// The tool's version.
+    #[serde(rename = "rt_test_version:")]
+    pub rt_test_version: String,
+    /// When the run started (`Wed, 02 Dec 2026 17:55:22 +0000`).
+    pub start_time: String,
+    /// When the results were written.
+    pub end_time: String,
+    /// The process's exit code.
+    pub return_code: i32,
+    /// The system the run was on.
+    pub sysinfo: SysInfo,
+    /// The tool's own part.
+    #[serde(flatten)]
+    pub body: B,
+}
+
+/// A whole-microsecond figure or a fractional one: oslat writes integers when its buckets are
+/// whole microseconds wide, three decimals otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Micros {
+    /// Whole microseconds.
+    Whole(u64),
+    /// Microseconds with a fraction.
+    Frac(f64),
+}
+
+impl Micros {
+    /// The value as a float.
+    pub fn value(self) -> f64 {
+        match self {
+            Micros::Whole(v) => v as f64,
+            Micros::Frac(v) => v,
+        }
+    }
+}
+
+/// The body of an oslat file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OslatBody {
+    /// Measured CPUs.
+    pub num_threads: usize,
+    /// One object per measured CPU, keyed `"0"`, `"1"`, ...
+    pub thread: Indexed<OslatThreadJson>,
+    /// Our own fields.
+    #[serde(flatten)]
+    pub qpw: QpwFields,
+}
+
+/// oslat's per-thread object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OslatThreadJson {
+    /// The CPU.
+    pub cpu: usize,
+    /// The counter's frequency in MHz.
+    pub freq: u64,
+    /// The smallest gap, in microseconds, as oslat rounds it (the upper edge of its 1 us slot).
+    pub min: Micros,
+    /// The average gap in microseconds, oslat's way: bucket upper edges plus the overflow sum.
+    pub avg: f64,
+    /// The largest gap, in microseconds, rounded as `min`.
+    pub max: Micros,
+    /// Seconds measured.
+    pub duration: f64,
+    /// Non-zero buckets keyed by upper edge in microseconds; the last bucket includes the
+    /// overflows.
+    pub histogram: Buckets,
+}
+
+/// The body of a cyclictest file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CyclictestBody {
+    /// Measuring threads.
+    pub num_threads: usize,
+    /// Timer resolution in ns as cyclictest reports it (0: not measured).
+    pub resolution_in_ns: u64,
+    /// One object per thread, keyed `"0"`, `"1"`, ...
+    pub thread: Indexed<CyclictestThreadJson>,
+    /// Our own fields.
+    #[serde(flatten)]
+    pub qpw: QpwFields,
+}
+
+/// cyclictest's per-thread object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CyclictestThreadJson {
+    /// Non-zero 1 us buckets keyed by latency in microseconds (latencies past the histogram are
+    /// counted only in `cycles`, as cyclictest does).
+    pub histogram: Buckets,
+    /// Wake-ups measured.
+    pub cycles: u64,
+    /// Smallest latency, whole microseconds.
+    pub min: u64,
+    /// Largest latency, whole microseconds.
+    pub max: u64,
+    /// Average latency in microseconds.
+    pub avg: f64,
+    /// The CPU the thread was pinned to.
+    pub cpu: usize,
+    /// Its NUMA node.
+    pub node: usize,
+}
+
+/// Our fields after the tool's. Every one has a default so that the real tools' files read.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct QpwFields {
+    /// Which probe wrote this: `oslat` or `cyclictest` (absent in the real tools' files).
+    pub tool: String,
+    /// The experiment scenario (`idle`, `queue-lru`, ...), when part of one.
+    pub scenario: Option<String>,
+    /// The drain mode: `queue` or `remote`; none without a workload.
+    pub mode: Option<String>,
+    /// The workload the load and the local operations drove.
+    pub workload: Option<String>,
+    /// The framework instance: its CPUs and each one's mode.
+    pub qpw: Option<String>,
+    /// The histogram's and run's settings.
+    pub settings: Option<Settings>,
+    /// Exact figures per measured thread.
+    pub percentiles: Vec<ThreadFigures>,
+    /// Interruptions of the target, against the idle baseline.
+    pub interruptions: Option<Interruptions>,
+    /// The requester's drains.
+    pub requester: Option<RequesterReport>,
+    /// The process-context load.
+    pub load: Option<LoadReport>,
+    /// Why the run stopped early, if it did.
+    pub stopped_by: Option<String>,
+    /// Setup steps that failed, and other things the figures depend on.
+    pub warnings: Vec<String>,
+}
+
+/// How the run measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Settings {
+    /// Bucket width in nanoseconds.
+    pub bucket_width_ns: u64,
+    /// Buckets before the overflow.
+    pub bucket_size: usize,
+    /// Seconds asked for.
+    pub duration_s: f64,
+    /// `SCHED_FIFO` priority asked for.
+    pub rtprio: Option<i32>,
+    /// The probe's local operation period in microseconds, if it did any.
+    pub local_op_every_us: Option<u64>,
+    /// The cyclictest interval in microseconds.
+    pub interval_us: Option<u64>,
+}
+
+/// One measured thread's exact figures (microseconds).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ThreadFigures {
+    /// The CPU.
+    pub cpu: usize,
+    /// Samples (gaps or wake-ups).
+    pub samples: u64,
+    /// p50 ... p99.99 and max; in-range percentiles are bucket upper edges, tail ones exact.
+    pub us: Percentiles,
+    /// The exact mean.
+    pub avg_exact_us: f64,
+    /// Samples past the last bucket.
+    pub overflow: u64,
+    /// Their sum, in microseconds.
+    pub overflow_sum_us: f64,
+    /// Local operations the probe did on this CPU.
+    pub local_ops: u64,
+    /// Local operations that failed.
+    pub local_op_errors: u64,
+}
+
+impl ThreadFigures {
+    /// The figures of `hist`.
+    pub fn of(cpu: usize, hist: &Histogram, local_ops: u64, local_op_errors: u64) -> Self {
+        Self {
+            cpu,
+            samples: hist.count(),
+            us: hist.percentiles_us(),
+            avg_exact_us: hist.mean_ns() / 1000.0,
+            overflow: hist.overflow(),
+            overflow_sum_us: hist.overflow_sum_ns() as f64 / 1000.0,
+            local_ops,
+            local_op_errors,
+        }
+    }
+}
+
+/// The target's interruptions: gaps at or above a threshold taken from the idle baseline.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Interruptions {
+    /// The threshold in microseconds.
+    pub threshold_us: f64,
+    /// How the threshold was derived.
+    pub rule: String,
+    /// Gaps at or above it.
+    pub count: u64,
+    /// Per second measured.
+    pub per_second: f64,
+    /// The idle baseline's rate, per second (its noise).
+    pub baseline_per_second: f64,
+    /// Drains that reached the target CPU (queued to it or run under its lock).
+    pub drains_reaching_target: u64,
+    /// (count - baseline rate x seconds) / drains reaching the target.
+    pub excess_per_drain: Option<f64>,
+}
+
+/// Histogram buckets as rt-tests writes them: an object of count by upper-edge label, in
+/// bucket order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Buckets(pub Vec<(String, u64)>);
+
+impl Buckets {
+    /// oslat's buckets of `hist`: non-zero ones, keyed by upper edge, the last including the
+    /// overflows; labels are whole microseconds when the width is, else three decimals.
+    pub fn oslat(hist: &Histogram) -> Self {
+        let w = hist.width_ns();
+        let last = hist.buckets() - 1;
+        let label = |i: usize| {
+            let edge = (i as u64 + 1) * w;
+            if w % 1000 == 0 {
+                (edge / 1000).to_string()
+            } else {
+                format!("{:.3}", edge as f64 / 1000.0)
+            }
+        };
+        Self(
+            hist.counts()
+                .iter()
+                .enumerate()
+                .map(|(i, &c)| (i, if i == last { c + hist.overflow() } else { c }))
+                .filter(|&(_, c)| c > 0)
+                .map(|(i, c)| (label(i), c))
+                .collect(),
+        )
+    }
+
+    /// cyclictest's buckets of a 1 us histogram: non-zero ones keyed by whole microseconds.
+    pub fn cyclictest(hist: &Histogram) -> Self {
+        Self(
+            hist.counts()
+                .iter()
+                .enumerate()
+                .filter(|(_, &c)| c > 0)
+                .map(|(i, &c)| (i.to_string(), c))
+                .collect(),
+        )
+    }
+
+    /// The buckets as (edge in us, count), skipping labels that are not numbers.
+    pub fn points(&self) -> Vec<(f64, u64)> {
+        self.0
+            .iter()
+            .filter_map(|(k, c)| k.parse::<f64>().ok().map(|e| (e, *c)))
+            .collect()
+    }
+}
+
+impl Serialize for Buckets {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Buckets {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let mut entries: Vec<(String, u64)> = d.deserialize_map(PairVisitor(PhantomData))?;
+        entries.sort_by(|a, b| {
+            let (x, y) = (a.0.parse::<f64>(), b.0.parse::<f64>());
+            match (x, y) {
+                (Ok(x), Ok(y)) => x.total_cmp(&y),
+                _ => a.0.cmp(&b.0),
+            }
+        });
+        Ok(Self(entries))
+    }
+}
+
+/// A list written as an object keyed by index (`"0"`, `"1"`, ...), as rt-tests writes
+/// `thread`.
+#[derive(Debug, Clone, Default)]
+pub struct Indexed<T>(pub Vec<T>);
+
+impl<T: Serialize> Serialize for Indexed<T> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (i, v) in self.0.iter().enumerate() {
+            map.serialize_entry(&i.to_string(), v)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Indexed<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let mut entries: Vec<(String, T)> = d.deserialize_map(PairVisitor(PhantomData))?;
+        entries.sort_by_key(|(k, _)| k.parse::<usize>().unwrap_or(usize::MAX));
+        Ok(Self(entries.into_iter().map(|(_, v)| v).collect()))
+    }
+}
+
+struct PairVisitor<V>(PhantomData<V>);
+
+impl<'de, V: Deserialize<'de>> Visitor<'de> for PairVisitor<V> {
+    type Value = Vec<(String, V)>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some((k, v)) = map.next_entry::<String, V>()? {
+            out.push((k, v));
+        }
+        Ok(out)
+    }
+}
+
+/// The command line as rt-tests records it: the arguments joined by spaces.
+pub fn cmdline() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+/// Writes `value` to `path` as pretty JSON (`-` for stdout).
+pub fn write<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value).context("cannot serialise the results")?;
+    if path.as_os_str() == "-" {
+        println!("{text}");
+        return Ok(());
+    }
+    std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
+}

@@ -1,0 +1,311 @@
+//! The load around a probe: a **requester** that drains every CPU's cache at a fixed rate (the
+//! kernel's `lru_add_drain_all`, `drain_all_stock`, `flush_all` callers) and **process-context
+//! threads** that use the per-CPU caches on their own CPUs.
+//!
+//! The requester is paced like cyclictest: it sleeps to an absolute deadline, drains, and when
+//! a drain overran one or more periods it skips the missed slots (and counts them) rather than
+//! firing a burst. Each drain is timed from the requester's side: in queue mode that includes
+//! waiting for the target CPU's worker to get the CPU; in remote mode it is the time to take
+//! each CPU's lock and do the work. A drain whose queued work did not finish within the timeout
+//! is a *stall*.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use qpw_core::{CpuSet, Qpw};
+use qpw_workloads::Workload;
+
+use crate::clock::{monotonic_ns, sleep_until_ns};
+use crate::hist::{Histogram, Percentiles};
+
+/// Where a run is: the probe's start and end barriers move every load thread along.
+#[derive(Debug, Default)]
+pub struct Phase(AtomicU8);
+
+impl Phase {
+    const WAIT: u8 = 0;
+    const GO: u8 = 1;
+    const STOP: u8 = 2;
+
+    /// Starts everyone waiting on this phase.
+    pub fn go(&self) {
+        self.0.store(Self::GO, Ordering::SeqCst);
+    }
+
+    /// Tells everyone to stop.
+    pub fn stop(&self) {
+        self.0.store(Self::STOP, Ordering::SeqCst);
+    }
+
+    /// Whether the run is over.
+    #[inline]
+    pub fn stopped(&self) -> bool {
+        self.0.load(Ordering::Relaxed) == Self::STOP
+    }
+
+    /// Waits (sleeping, 1 ms at a time, as oslat's threads wait for GO) until the run starts;
+    /// false if it was stopped first.
+    pub fn wait_go(&self) -> bool {
+        loop {
+            match self.0.load(Ordering::SeqCst) {
+                Self::WAIT => std::thread::sleep(Duration::from_millis(1)),
+                Self::GO => return true,
+                _ => return false,
+            }
+        }
+    }
+}
+
+/// What the load does.
+#[derive(Debug, Clone)]
+pub struct LoadConfig {
+    /// The requester's CPU (a housekeeping CPU).
+    pub requester_cpu: usize,
+    /// Drains per second (0: no requester).
+    pub drain_rate_hz: f64,
+    /// Forced drains reach every CPU even when its cache is empty.
+    pub force: bool,
+    /// How long a drain waits for queued work before it counts a stall.
+    pub timeout: Duration,
+    /// The CPUs that run a process-context thread (empty: none).
+    pub load_cpus: CpuSet,
+    /// Operations per burst of a process-context thread.
+    pub burst: u32,
+    /// Pause between bursts.
+    pub pause: Duration,
+    /// `SCHED_FIFO` priority for the requester, if any.
+    pub requester_prio: Option<i32>,
+}
+
+/// What the requester saw, for the report.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct RequesterReport {
+    /// The requester's CPU.
+    pub cpu: usize,
+    /// Drains asked for per second.
+    pub rate_hz: f64,
+    /// Whether drains were forced (reach every CPU even when empty).
+    pub force: bool,
+    /// The timeout after which queued work counts as stalled, in milliseconds.
+    pub timeout_ms: u64,
+    /// Drains done.
+    pub drains: u64,
+    /// Drains in which some CPU's queued work did not finish within the timeout.
+    pub stalls: u64,
+    /// Other drain errors (panics, refusals).
+    pub errors: u64,
+    /// The first error seen, in words.
+    pub first_error: Option<String>,
+    /// Drain slots skipped because an earlier drain overran its period.
+    pub missed_deadlines: u64,
+    /// CPU drains queued to a worker, summed over all drains.
+    pub cpus_queued: u64,
+    /// CPU drains run remotely by the requester, summed over all drains.
+    pub cpus_remote: u64,
+    /// CPUs left alone (empty caches), summed over all drains.
+    pub cpus_skipped: u64,
+    /// Drains that returned at once because another drain covered them.
+    pub whole_skipped: u64,
+    /// Drain time percentiles, in microseconds.
+    pub time_us: Percentiles,
+    /// Exact mean drain time, in microseconds.
+    pub avg_us: f64,
+    /// Drain time histogram: non-zero buckets keyed by upper edge in microseconds.
+    pub histogram_us: Vec<(f64, u64)>,
+}
+
+/// What the process-context threads did.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct LoadReport {
+    /// The CPUs that ran a process-context thread.
+    pub cpus: String,
+    /// Operations done.
+    pub ops: u64,
+    /// Operations that failed.
+    pub errors: u64,
+    /// The first error seen, in words.
+    pub first_error: Option<String>,
+}
+
+/// The running load.
+#[derive(Debug)]
+pub struct Load {
+    requester: Option<JoinHandle<Result<RequesterReport>>>,
+    workers: Vec<JoinHandle<(u64, u64, Option<String>)>>,
+    load_cpus: CpuSet,
+}
+
+/// The drain-time histogram's shape: 250 ns buckets up to 2 ms, exact past that.
+const DRAIN_BUCKETS: usize = 8000;
+const DRAIN_WIDTH_NS: u64 = 250;
+
+/// Starts the requester and the process-context threads; they wait for `phase` to go.
+pub fn start(
+    cfg: &LoadConfig,
+    qpw: &Arc<Qpw>,
+    workload: &Arc<dyn Workload>,
+    phase: &Arc<Phase>,
+) -> Result<Load> {
+    let requester = if cfg.drain_rate_hz > 0.0 {
+        let (cfg, qpw, w, phase) = (cfg.clone(), qpw.clone(), workload.clone(), phase.clone());
+        Some(
+            std::thread::Builder::new()
+                .name("qpw-requester".into())
+                .spawn(move || requester(&cfg, &qpw, &*w, &phase))
+                .context("cannot start the requester thread")?,
+        )
+    } else {
+        None
+    };
+    let mut workers = Vec::new();
+    for cpu in cfg.load_cpus.iter() {
+        let (qpw, w, phase) = (qpw.clone(), workload.clone(), phase.clone());
+        let (burst, pause) = (cfg.burst, cfg.pause);
+        workers.push(
+            std::thread::Builder::new()
+                .name(format!("qpw-load/{cpu}"))
+                .spawn(move || process_load(cpu, burst, pause, &qpw, &*w, &phase))
+                .context("cannot start a load thread")?,
+        );
+    }
+    Ok(Load {
+        requester,
+        workers,
+        load_cpus: cfg.load_cpus.clone(),
+    })
+}
+
+impl Load {
+    /// Waits for the threads (after the phase was stopped) and collects their figures.
+    pub fn finish(self) -> Result<(Option<RequesterReport>, LoadReport)> {
+        let requester = match self.requester {
+            Some(h) => Some(
+                h.join()
+                    .map_err(|_| anyhow!("the requester thread panicked"))??,
+            ),
+            None => None,
+        };
+        let mut load = LoadReport {
+            cpus: self.load_cpus.to_string(),
+            ..LoadReport::default()
+        };
+        for h in self.workers {
+            let (ops, errors, first) = h.join().map_err(|_| anyhow!("a load thread panicked"))?;
+            load.ops += ops;
+            load.errors += errors;
+            if load.first_error.is_none() {
+                load.first_error = first;
+            }
+        }
+        Ok((requester, load))
+    }
+}
+
+fn requester(
+    cfg: &LoadConfig,
+    qpw: &Qpw,
+    w: &dyn Workload,
+    phase: &Phase,
+) -> Result<RequesterReport> {
+    let _bound = qpw
+        .bind_current(cfg.requester_cpu)
+        .with_context(|| format!("cannot bind the requester to cpu {}", cfg.requester_cpu))?;
+    if let Some(prio) = cfg.requester_prio {
+        // A failure here is the same failure the probe reports; the requester carries on.
+        let _ = crate::rt::set_fifo(prio);
+    }
+    let mut hist = Histogram::new(DRAIN_BUCKETS, DRAIN_WIDTH_NS);
+    let mut report = RequesterReport {
+        cpu: cfg.requester_cpu,
+        rate_hz: cfg.drain_rate_hz,
+        force: cfg.force,
+        timeout_ms: cfg.timeout.as_millis() as u64,
+        ..RequesterReport::default()
+    };
+    if !phase.wait_go() {
+        return Ok(report);
+    }
+    let period = (1e9 / cfg.drain_rate_hz).max(1.0) as u64;
+    let mut next = monotonic_ns();
+    loop {
+        next += period;
+        // Sleep to the deadline in slices of at most 100 ms, so a stop is seen soon.
+        while monotonic_ns() < next && !phase.stopped() {
+            sleep_until_ns(next.min(monotonic_ns() + 100_000_000));
+        }
+        if phase.stopped() {
+            break;
+        }
+        // Catch up after an overrun: skip the slots already missed.
+        let now = monotonic_ns();
+        if now > next + period {
+            let missed = (now - next) / period;
+            report.missed_deadlines += missed;
+            next += missed * period;
+        }
+        let t0 = monotonic_ns();
+        let out = w.drain(cfg.force, Some(cfg.timeout));
+        hist.record(monotonic_ns() - t0);
+        report.drains += 1;
+        report.cpus_queued += out.queued as u64;
+        report.cpus_remote += out.ran_remote as u64;
+        report.cpus_skipped += out.skipped_cpus as u64;
+        report.whole_skipped += u64::from(out.skipped);
+        let stalled = out
+            .errors
+            .iter()
+            .any(|e| matches!(e, qpw_core::Error::Stall { .. }));
+        if stalled {
+            report.stalls += 1;
+        } else if !out.errors.is_empty() {
+            report.errors += 1;
+        }
+        if report.first_error.is_none() {
+            report.first_error = out.errors.first().map(ToString::to_string);
+        }
+    }
+    report.time_us = hist.percentiles_us();
+    report.avg_us = hist.mean_ns() / 1000.0;
+    report.histogram_us = hist.nonzero_buckets_us();
+    Ok(report)
+}
+
+fn process_load(
+    cpu: usize,
+    burst: u32,
+    pause: Duration,
+    qpw: &Qpw,
+    w: &dyn Workload,
+    phase: &Phase,
+) -> (u64, u64, Option<String>) {
+    let _bound = match qpw.bind_current(cpu) {
+        Ok(b) => b,
+        Err(e) => {
+            return (
+                0,
+                1,
+                Some(format!("cannot bind a load thread to cpu {cpu}: {e}")),
+            )
+        }
+    };
+    let (mut ops, mut errors, mut first) = (0, 0, None);
+    if !phase.wait_go() {
+        return (ops, errors, first);
+    }
+    while !phase.stopped() {
+        for _ in 0..burst {
+            match w.process_op() {
+                Ok(()) => ops += 1,
+                Err(e) => {
+                    errors += 1;
+                    first.get_or_insert_with(|| e.to_string());
+                }
+            }
+        }
+        std::thread::sleep(pause);
+    }
+    (ops, errors, first)
+}

@@ -1,0 +1,308 @@
+//! The oslat probe: a busy loop on each measured CPU that reads the TSC back to back and counts
+//! every gap between two reads.
+//!
+//! It follows rt-tests' `oslat.c` step by step: each thread pins itself, sets `SCHED_FIFO` when
+//! asked, says it has started and waits (sleeping) for the go; it warms up (oslat's "pre-heat",
+//! so the CPU leaves its idle and low-frequency states), meets the others at a start barrier
+//! (spinning, so as not to sleep again), measures until told to stop, and meets them again at an
+//! end barrier so that an early finisher does not disturb the rest by exiting.
+//!
+//! Two additions of ours, both off unless asked for:
+//!
+//! - a **local operation** now and then ([`LocalOp`]): the probe calls the workload's
+//!   process-context operation on its own CPU, as the kernel's isolated task does with an
+//!   occasional system call, so that its per-CPU cache has something for the requester to
+//!   drain; the operation's time lands in the gap that contains it, as it would in the kernel;
+//! - the load (requester and process-context threads) is released only once every probe thread
+//!   has passed the start barrier, so that no drain happens outside the measured window.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use qpw_core::{CpuSet, Qpw};
+use qpw_workloads::Workload;
+
+use crate::clock::{ticks, Calibration};
+use crate::hist::Histogram;
+use crate::load::Phase;
+use crate::progress::Progress;
+
+/// The probe's local operation.
+#[derive(Debug, Clone)]
+pub struct LocalOp {
+    /// The framework instance the workload was built on (the probe binds to it).
+    pub qpw: Arc<Qpw>,
+    /// The workload whose process-context operation the probe calls.
+    pub workload: Arc<dyn Workload>,
+    /// How often.
+    pub every: Duration,
+}
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct OslatConfig {
+    /// The measured CPUs, one thread each.
+    pub cpus: CpuSet,
+    /// How long to measure.
+    pub duration: Duration,
+    /// How long to spin before measuring.
+    pub warmup: Duration,
+    /// Buckets (`-b`).
+    pub bucket_size: usize,
+    /// Bucket width in nanoseconds (`-W`).
+    pub bucket_width_ns: u64,
+    /// `SCHED_FIFO` priority (`-f`).
+    pub rtprio: Option<i32>,
+    /// Stop when a gap reaches this many nanoseconds (`-T`, given in microseconds).
+    pub trace_threshold_ns: Option<u64>,
+    /// The local operation, if any.
+    pub local_op: Option<LocalOp>,
+    /// No progress display.
+    pub quiet: bool,
+    /// The progress label.
+    pub label: String,
+}
+
+/// One measured CPU's result.
+#[derive(Debug, Clone)]
+pub struct OslatThread {
+    /// The CPU.
+    pub cpu: usize,
+    /// Every gap, in nanoseconds.
+    pub hist: Histogram,
+    /// How long the thread measured, by its own counter, in seconds.
+    pub duration_s: f64,
+    /// Local operations done.
+    pub local_ops: u64,
+    /// Local operations that failed, with the first error.
+    pub local_op_errors: u64,
+    /// The first local-operation error, in words.
+    pub first_error: Option<String>,
+}
+
+/// A whole run.
+#[derive(Debug, Clone)]
+pub struct OslatRun {
+    /// One result per CPU, in CPU order.
+    pub threads: Vec<OslatThread>,
+    /// The counter's calibration.
+    pub calibration: Calibration,
+    /// The CPU and gap (us) that crossed the trace threshold, if one did.
+    pub threshold_hit: Option<(usize, f64)>,
+    /// Whether SIGINT cut the run short.
+    pub interrupted: bool,
+    /// Setup steps that failed inside the threads.
+    pub warnings: Vec<String>,
+}
+
+struct Control {
+    started: AtomicUsize,
+    go: AtomicBool,
+    running: AtomicUsize,
+    stop: AtomicBool,
+    finished: AtomicUsize,
+    n: usize,
+    threshold_hit: Mutex<Option<(usize, f64)>>,
+    warnings: Mutex<Vec<String>>,
+}
+
+/// Runs the probe; `phase` (the load's) goes once every thread is measuring and stops when the
+/// measuring stops.
+pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> Result<OslatRun> {
+    let n = cfg.cpus.len();
+    if n == 0 {
+        return Err(anyhow!("no CPU to measure"));
+    }
+    let ctl = Arc::new(Control {
+        started: AtomicUsize::new(0),
+        go: AtomicBool::new(false),
+        running: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+        finished: AtomicUsize::new(0),
+        n,
+        threshold_hit: Mutex::new(None),
+        warnings: Mutex::new(Vec::new()),
+    });
+    let mut handles = Vec::with_capacity(n);
+    for cpu in cfg.cpus.iter() {
+        let (cfg, tctl) = (cfg.clone(), ctl.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("oslat/{cpu}"))
+            .spawn(move || {
+                let result = thread_main(cpu, &cfg, calibration, &tctl);
+                if result.is_err() {
+                    // Let the others past both barriers.
+                    tctl.stop.store(true, Ordering::SeqCst);
+                    tctl.finished.fetch_add(1, Ordering::SeqCst);
+                }
+                result
+            });
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                ctl.stop.store(true, Ordering::SeqCst);
+                ctl.go.store(true, Ordering::SeqCst);
+                return Err(e).context("cannot start a probe thread");
+            }
+        }
+    }
+    // Wait until every thread has pinned itself, then let them go.
+    while ctl.started.load(Ordering::SeqCst) < n && !handles.iter().any(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ctl.go.store(true, Ordering::SeqCst);
+    // Release the load once every thread measures.
+    while ctl.running.load(Ordering::SeqCst) < n && !handles.iter().any(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    phase.go();
+    let progress = Progress::new(&cfg.label, cfg.duration, cfg.quiet);
+    let end = std::time::Instant::now() + cfg.duration;
+    let mut interrupted = false;
+    while std::time::Instant::now() < end && !ctl.stop.load(Ordering::SeqCst) {
+        if crate::rt::interrupted() {
+            interrupted = true;
+            break;
+        }
+        if handles.iter().any(|h| h.is_finished()) {
+            break;
+        }
+        progress.tick();
+        std::thread::sleep(
+            Duration::from_millis(50).min(end.saturating_duration_since(std::time::Instant::now())),
+        );
+    }
+    ctl.stop.store(true, Ordering::SeqCst);
+    phase.stop();
+    progress.finish();
+
+    let mut threads = Vec::with_capacity(n);
+    for h in handles {
+        threads.push(h.join().map_err(|_| anyhow!("a probe thread panicked"))??);
+    }
+    let threshold_hit = *ctl.threshold_hit.lock().unwrap_or_else(|e| e.into_inner());
+    let warnings = std::mem::take(&mut *ctl.warnings.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(OslatRun {
+        threads,
+        calibration,
+        threshold_hit,
+        interrupted,
+        warnings,
+    })
+}
+
+fn thread_main(
+    cpu: usize,
+    cfg: &OslatConfig,
+    cal: Calibration,
+    ctl: &Control,
+) -> Result<OslatThread> {
+    // Pin (and, with a workload, register with its instance so the local lock knows our CPU).
+    let _binding = match &cfg.local_op {
+        Some(op) => Some(
+            op.qpw
+                .bind_current(cpu)
+                .with_context(|| format!("cannot bind the probe to cpu {cpu}"))?,
+        ),
+        None => {
+            qpw_core::pin_current_thread(cpu)
+                .with_context(|| format!("cannot pin the probe to cpu {cpu}"))?;
+            None
+        }
+    };
+    if let Some(prio) = cfg.rtprio {
+        if let Err(e) = crate::rt::set_fifo(prio) {
+            ctl.warnings
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(format!("probe on cpu {cpu} runs SCHED_OTHER: {e}"));
+        }
+    }
+    let mut hist = Histogram::new(cfg.bucket_size, cfg.bucket_width_ns);
+    let threshold = cfg.trace_threshold_ns.map(|ns| cal.from_ns(ns));
+    let (op, every) = match &cfg.local_op {
+        Some(op) => (
+            Some(&*op.workload),
+            cal.from_ns(op.every.as_nanos() as u64).max(1),
+        ),
+        None => (None, u64::MAX),
+    };
+    let (mut local_ops, mut op_errors, mut first_error) = (0u64, 0u64, None);
+
+    // Don't bash the CPU until everyone has started.
+    ctl.started.fetch_add(1, Ordering::SeqCst);
+    while !ctl.go.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+
+    // Warm up: the same loop, nothing kept.
+    let warm_end = ticks() + cal.from_ns(cfg.warmup.as_nanos() as u64);
+    let mut prev = ticks();
+    while prev < warm_end && !ctl.stop.load(Ordering::Relaxed) {
+        let now = ticks();
+        hist.record(cal.to_ns(now - prev));
+        prev = now;
+    }
+    hist.clear();
+
+    // Start barrier.
+    ctl.running.fetch_add(1, Ordering::SeqCst);
+    while ctl.running.load(Ordering::SeqCst) < ctl.n && !ctl.stop.load(Ordering::Relaxed) {
+        std::hint::spin_loop();
+    }
+
+    let start = ticks();
+    let mut next_op = start.saturating_add(every);
+    let mut prev = start;
+    loop {
+        let now = ticks();
+        let gap = now - prev;
+        hist.record(cal.to_ns(gap));
+        prev = now;
+        if threshold.is_some_and(|t| gap >= t) {
+            threshold_crossed(cpu, cal.to_ns(gap), ctl);
+            break;
+        }
+        if now >= next_op {
+            if let Some(w) = op {
+                match w.process_op() {
+                    Ok(()) => local_ops += 1,
+                    Err(e) => {
+                        op_errors += 1;
+                        first_error.get_or_insert_with(|| e.to_string());
+                    }
+                }
+            }
+            next_op = now.saturating_add(every);
+        }
+        if ctl.stop.load(Ordering::Relaxed) {
+            break;
+        }
+    }
+    let stop = ticks();
+
+    // End barrier: exiting now could disturb the others.
+    ctl.finished.fetch_add(1, Ordering::SeqCst);
+    while ctl.finished.load(Ordering::SeqCst) < ctl.n {
+        std::hint::spin_loop();
+    }
+    Ok(OslatThread {
+        cpu,
+        hist,
+        duration_s: cal.to_ns(stop - start) as f64 / 1e9,
+        local_ops,
+        local_op_errors: op_errors,
+        first_error,
+    })
+}
+
+#[cold]
+fn threshold_crossed(cpu: usize, ns: u64, ctl: &Control) {
+    let mut hit = ctl.threshold_hit.lock().unwrap_or_else(|e| e.into_inner());
+    if hit.is_none() {
+        *hit = Some((cpu, ns as f64 / 1000.0));
+    }
+    ctl.stop.store(true, Ordering::SeqCst);
+}

@@ -1,0 +1,56 @@
+//! A one-line progress display on stderr for runs longer than a couple of seconds; off with
+//! `-q` or when stderr is not a terminal (so logs and CI output stay clean).
+
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+/// The display of one timed phase.
+#[derive(Debug)]
+pub struct Progress {
+    label: String,
+    total: Duration,
+    start: Instant,
+    enabled: bool,
+}
+
+impl Progress {
+    /// A display for a phase of `total` length, shown only when it is long enough to need one.
+    pub fn new(label: impl Into<String>, total: Duration, quiet: bool) -> Self {
+        Self {
+            label: label.into(),
+            total,
+            start: Instant::now(),
+            enabled: !quiet && total >= Duration::from_secs(2) && std::io::stderr().is_terminal(),
+        }
+    }
+
+    /// Redraws the line.
+    pub fn tick(&self) {
+        if !self.enabled {
+            return;
+        }
+        let done = self.start.elapsed().min(self.total);
+        let frac = done.as_secs_f64() / self.total.as_secs_f64().max(1e-9);
+        let bar = (frac * 30.0) as usize;
+        let mut err = std::io::stderr().lock();
+        let _ = write!(
+            err,
+            "\r{:<28} [{}{}] {:>6.1}/{:.1} s",
+            self.label,
+            "#".repeat(bar),
+            " ".repeat(30 - bar.min(30)),
+            done.as_secs_f64(),
+            self.total.as_secs_f64()
+        );
+        let _ = err.flush();
+    }
+
+    /// Clears the line.
+    pub fn finish(&self) {
+        if self.enabled {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r{:80}\r", "");
+            let _ = err.flush();
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The real-time setup every probe does before it measures, as rt-tests does it: lock memory
+//! (`mlockall`), hold `/dev/cpu_dma_latency` at 0, run `SCHED_FIFO` when asked, and check that
+//! the measured CPUs are isolated. Each step that fails is a [`Warnings`] entry that ends up in
+//! the report (STYLE.md rule 15): a figure measured without it means something else.
+//!
+//! Also here: the ftrace marker written when a threshold is exceeded (`-T`, `-b`), the SIGINT
+//! flag, and the system facts the rt-tests JSON envelope carries.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use qpw_core::{CpuSet, Topology};
+
+/// Setup steps that did not happen, in words, for the report.
+#[derive(Debug, Default, Clone)]
+pub struct Warnings(Vec<String>);
+
+impl Warnings {
+    /// Records one warning (and says it on stderr unless `quiet`).
+    pub fn push(&mut self, quiet: bool, message: impl Into<String>) {
+        let message = message.into();
+        if !quiet {
+            eprintln!("warning: {message}");
+        }
+        if !self.0.contains(&message) {
+            self.0.push(message);
+        }
+    }
+
+    /// Takes warnings from elsewhere (the probe threads), without repeating them.
+    pub fn extend(&mut self, quiet: bool, more: impl IntoIterator<Item = String>) {
+        for m in more {
+            self.push(quiet, m);
+        }
+    }
+
+    /// The warnings, in order.
+    pub fn list(&self) -> &[String] {
+        &self.0
+    }
+}
+
+/// What the setup holds for the length of the run: the `cpu_dma_latency` file stays open (the
+/// kernel drops the request when it is closed).
+#[derive(Debug)]
+pub struct RtGuard {
+    _dma_latency: Option<File>,
+}
+
+/// Locks memory and holds `/dev/cpu_dma_latency` at 0; records what failed.
+pub fn prepare(mlock: bool, warnings: &mut Warnings, quiet: bool) -> RtGuard {
+    if mlock {
+        // SAFETY: `mlockall` takes flags only.
+        let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+        if rc != 0 {
+            warnings.push(
+                quiet,
+                format!(
+                    "mlockall(MCL_CURRENT|MCL_FUTURE) failed: {}; page faults may show up as latency",
+                    std::io::Error::last_os_error()
+                ),
+            );
+        }
+    } else {
+        warnings.push(quiet, "memory not locked (mlockall not asked for)");
+    }
+    let dma = match OpenOptions::new().write(true).open("/dev/cpu_dma_latency") {
+        Ok(mut f) => match f.write_all(&0i32.to_ne_bytes()) {
+            Ok(()) => Some(f),
+            Err(e) => {
+                warnings.push(
+                    quiet,
+                    format!("could not write 0 to /dev/cpu_dma_latency: {e}; deep C-states may add exit latency"),
+                );
+                None
+            }
+        },
+        Err(e) => {
+            warnings.push(
+                quiet,
+                format!(
+                    "/dev/cpu_dma_latency not held at 0 ({e}); deep C-states may add exit latency"
+                ),
+            );
+            None
+        }
+    };
+    RtGuard { _dma_latency: dma }
+}
+
+/// Records a warning for each measured CPU that is neither isolated nor `nohz_full`.
+pub fn check_isolation(cpus: &CpuSet, warnings: &mut Warnings, quiet: bool) {
+    match Topology::read() {
+        Ok(topo) => {
+            let isolated = topo.isolated_or_nohz_full();
+            let shared = cpus.difference(&isolated);
+            if !shared.is_empty() {
+                warnings.push(
+                    quiet,
+                    format!(
+                        "measured CPU(s) {shared} not isolated (isolated/nohz_full: {isolated}): \
+                         the figures include ordinary scheduler and tick noise"
+                    ),
+                );
+            }
+        }
+        Err(e) => warnings.push(quiet, format!("could not read the CPU topology: {e}")),
+    }
+}
+
+/// Makes the calling thread `SCHED_FIFO` at `prio`, or says why it could not.
+pub fn set_fifo(prio: i32) -> Result<(), String> {
+    qpw_core::set_current_fifo(prio).map_err(|e| e.to_string())
+}
+
+/// The ftrace `trace_marker`, when tracing is mounted and writable.
+#[derive(Debug)]
+pub struct TraceMarker {
+    marker: Option<File>,
+    tracing_on: Option<File>,
+}
+
+impl TraceMarker {
+    /// Opens the marker under `/sys/kernel/tracing` (or the older debugfs path); records a
+    /// warning when there is none.
+    pub fn open(warnings: &mut Warnings, quiet: bool) -> Self {
+        for dir in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
+            let marker = OpenOptions::new()
+                .write(true)
+                .open(format!("{dir}/trace_marker"));
+            if let Ok(marker) = marker {
+                let tracing_on = OpenOptions::new()
+                    .write(true)
+                    .open(format!("{dir}/tracing_on"))
+                    .ok();
+                return Self {
+                    marker: Some(marker),
+                    tracing_on,
+                };
+            }
+        }
+        warnings.push(
+            quiet,
+            "ftrace is not available (no writable trace_marker): a threshold stop writes no trace marker",
+        );
+        Self {
+            marker: None,
+            tracing_on: None,
+        }
+    }
+
+    /// Writes `line` to the marker and stops the trace, as rt-tests' `tracemark()` does.
+    pub fn mark(&mut self, line: &str) {
+        if let Some(m) = &mut self.marker {
+            let _ = m.write_all(line.as_bytes());
+        }
+        if let Some(t) = &mut self.tracing_on {
+            let _ = t.write_all(b"0\n");
+        }
+    }
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_signal: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Turns SIGINT and SIGTERM into a flag that [`interrupted`] reads, so a run stops cleanly and
+/// still reports what it measured.
+pub fn catch_sigint() {
+    let handler = on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+/// Whether SIGINT or SIGTERM arrived.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+/// `uname` plus `/sys/kernel/realtime`, as rt-tests' JSON `sysinfo` has them.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct SysInfo {
+    /// Kernel name (`Linux`).
+    pub sysname: String,
+    /// Host name.
+    pub nodename: String,
+    /// Kernel release.
+    pub release: String,
+    /// Kernel version string.
+    pub version: String,
+    /// Hardware name.
+    pub machine: String,
+    /// 1 on a PREEMPT_RT kernel (`/sys/kernel/realtime` reads 1), else 0.
+    pub realtime: u8,
+}
+
+impl SysInfo {
+    /// Reads the running system's.
+    pub fn read() -> Self {
+        // SAFETY: `utsname` is plain data; all-zero bytes are valid (empty strings).
+        let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+        // SAFETY: `uts` is a valid, writable utsname.
+        let ok = unsafe { libc::uname(&mut uts) } == 0;
+        let field = |f: &[libc::c_char]| -> String {
+            if !ok {
+                return String::new();
+            }
+            let bytes: Vec<u8> = f
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            String::from_utf8_lossy(&bytes).into_owned()
+        };
+        let realtime = std::fs::read_to_string("/sys/kernel/realtime")
+            .map(|s| u8::from(s.trim() == "1"))
+            .unwrap_or(0);
+        Self {
+            sysname: field(&uts.sysname),
+            nodename: field(&uts.nodename),
+            release: field(&uts.release),
+            version: field(&uts.version),
+            machine: field(&uts.machine),
+            realtime,
+        }
+    }
+}
+
+/// Local time formatted with `strftime` (`format` must not contain a NUL).
+pub fn local_time(format: &str) -> String {
+    let Ok(cfmt) = std::ffi::CString::new(format) else {
+        return String::new();
+    };
+    // SAFETY: passing a null pointer asks `time` only to return the time.
+    let now = unsafe { libc::time(std::ptr::null_mut()) };
+    // SAFETY: `tm` is plain data; all-zero bytes are valid.
+    let mut tm: libc::tm = unsafe { std::mem::zeroed() };
+    let mut buf = [0u8; 128];
+    // SAFETY: `now` and `tm` are valid; `localtime_r` writes only to `tm`.
+    let tm_ok = !unsafe { libc::localtime_r(&now, &mut tm) }.is_null();
+    if !tm_ok {
+        return String::new();
+    }
+    // SAFETY: `buf` is writable for its length; `cfmt` is NUL-terminated; `tm` is filled in.
+    let n = unsafe { libc::strftime(buf.as_mut_ptr().cast(), buf.len(), cfmt.as_ptr(), &tm) };
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// The time stamp rt-tests writes in `start_time` and `end_time`
+/// (`Wed, 02 Dec 2026 17:55:22 +0000`).
+pub fn rt_timestamp() -> String {
+    local_time("%a, %d %b %Y %H:%M:%S %z")
+}

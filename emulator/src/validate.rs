@@ -1,0 +1,147 @@
+//! Option values checked after parsing, with errors that quote the flag, the value and the
+//! legal range (`--bucket-size 0: must be an integer in 1-4096`).
+//!
+//! Numbers, durations and CPU lists reach us as text, so that a value that is not even a number
+//! gets the same message as one out of range, rather than a bare parser error.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use qpw_core::CpuSet;
+
+/// An integer in `lo..=hi`.
+pub fn int_in(flag: &str, raw: &str, lo: u64, hi: u64) -> Result<u64> {
+    match raw.trim().parse::<u64>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(anyhow!("{flag} {raw}: must be an integer in {lo}-{hi}")),
+    }
+}
+
+/// A number in `lo..=hi`.
+pub fn float_in(flag: &str, raw: &str, lo: f64, hi: f64) -> Result<f64> {
+    match raw.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(anyhow!("{flag} {raw}: must be a number in {lo}-{hi}")),
+    }
+}
+
+/// The longest run accepted: a week.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A duration as rt-tests writes them: `10` (seconds), `30s`, `20m`, `2h`, `1d`; we also take
+/// `500ms` for short test runs. From 1 ms to a week.
+pub fn duration(flag: &str, raw: &str) -> Result<Duration> {
+    let bad = || {
+        anyhow!(
+            "{flag} {raw}: must be a duration of 1ms to 7d, written like 10, 30s, 500ms, 20m or 2h"
+        )
+    };
+    let text = raw.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let ms_per = match unit.to_ascii_lowercase().as_str() {
+        "" | "s" => 1000,
+        "ms" => 1,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    let d = n
+        .checked_mul(ms_per)
+        .map(Duration::from_millis)
+        .ok_or_else(bad)?;
+    if d.is_zero() || d > MAX_DURATION {
+        return Err(bad());
+    }
+    Ok(d)
+}
+
+/// A CPU list (`1,3-5`) whose CPUs the process may all run on.
+pub fn cpu_list(flag: &str, raw: &str, allowed: &CpuSet) -> Result<CpuSet> {
+    let set = CpuSet::parse(raw).map_err(|e| anyhow!("{flag} {raw}: {e}"))?;
+    if set.is_empty() {
+        return Err(anyhow!(
+            "{flag} {raw}: the list is empty; give CPUs from the allowed set {allowed}"
+        ));
+    }
+    let outside = set.difference(allowed);
+    if !outside.is_empty() {
+        return Err(anyhow!(
+            "{flag} {raw}: cpu {outside} not in the allowed set {allowed}"
+        ));
+    }
+    Ok(set)
+}
+
+/// A single CPU the process may run on.
+pub fn cpu(flag: &str, raw: &str, allowed: &CpuSet) -> Result<usize> {
+    let last = allowed.last().unwrap_or(0);
+    match raw.trim().parse::<usize>() {
+        Ok(c) if allowed.contains(c) => Ok(c),
+        _ => Err(anyhow!(
+            "{flag} {raw}: must be one CPU of the allowed set {allowed} (0-{last})"
+        )),
+    }
+}
+
+/// `on` or `off`.
+pub fn on_off(flag: &str, raw: &str) -> Result<bool> {
+    match raw.trim() {
+        "on" | "yes" | "1" | "true" => Ok(true),
+        "off" | "no" | "0" | "false" => Ok(false),
+        _ => Err(anyhow!("{flag} {raw}: must be `on` or `off`")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration("-D", "10").unwrap(), Duration::from_secs(10));
+        assert_eq!(duration("-D", "30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(duration("-D", "20m").unwrap(), Duration::from_secs(1200));
+        assert_eq!(duration("-D", "2h").unwrap(), Duration::from_secs(7200));
+        assert_eq!(duration("-D", "500ms").unwrap(), Duration::from_millis(500));
+        for bad in ["0", "", "x", "10x", "-1", "8d", "99999999999999999999"] {
+            let e = duration("--duration", bad).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("--duration {bad}:")), "{e}");
+            assert!(e.contains("1ms to 7d"), "{e}");
+        }
+    }
+
+    #[test]
+    fn numbers_name_flag_and_range() {
+        assert_eq!(int_in("-b", "32", 1, 4096).unwrap(), 32);
+        assert_eq!(
+            int_in("--bucket-size", "0", 1, 4096)
+                .unwrap_err()
+                .to_string(),
+            "--bucket-size 0: must be an integer in 1-4096"
+        );
+        assert!(int_in("-b", "x", 1, 2)
+            .unwrap_err()
+            .to_string()
+            .contains("1-2"));
+        assert!(float_in("--drain-rate", "nan", 0.0, 10.0).is_err());
+        assert_eq!(float_in("--drain-rate", "2.5", 0.0, 10.0).unwrap(), 2.5);
+    }
+
+    #[test]
+    fn cpu_lists() {
+        let allowed = CpuSet::parse("0-1").unwrap();
+        assert_eq!(cpu_list("-c", "1", &allowed).unwrap().to_string(), "1");
+        let e = cpu_list("--cpu-list", "5", &allowed)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--cpu-list 5") && e.contains("0-1"), "{e}");
+        let e = cpu_list("-c", "3-1", &allowed).unwrap_err().to_string();
+        assert!(e.contains("-c 3-1"), "{e}");
+        assert!(cpu("--target", "7", &allowed).is_err());
+    }
+}
