@@ -1,0 +1,185 @@
+//! Loom models of [`RseqLock`]'s protocol, with the kernel's side of restartable sequences
+//! mocked (see "Under loom" in `qpw-core/src/rseq_lock.rs`: a sequence may be aborted at any
+//! preemption point by another sequence of its CPU or by a CPU fence, and is then restarted).
+//! Run with
+//! `RUSTFLAGS="--cfg loom -C debug-assertions" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p qpw-tests --test loom_rseq`
+//! (a few seconds of checking on the 2-core development VM; see `.ci/loom`).
+//!
+//! Two mock CPUs and one or two increments per thread: the protocol does not depend on how
+//! many CPUs or increments there are, only on how the parties interleave.
+
+#![cfg(loom)]
+
+use loom::cell::UnsafeCell;
+use loom::sync::{Arc, Mutex};
+use loom::thread;
+
+use qpw_core::rseq::mock::migrate_to;
+use qpw_core::{CpuSpec, Policy, Qpw, RawLocalLock, RseqLock};
+
+/// A counter behind an `RseqLock` of CPU 0; loom's cell tracking flags any two accesses that
+/// the lock failed to order.
+struct Counter {
+    lock: RseqLock,
+    value: UnsafeCell<u32>,
+}
+
+// SAFETY: `value` is only touched between `lock.lock()` and `lock.unlock()`.
+unsafe impl Sync for Counter {}
+
+impl Counter {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            lock: RseqLock::for_cpu(0),
+            value: UnsafeCell::new(0),
+        })
+    }
+
+    /// Takes the lock (from wherever the thread runs), adds one, and, if `then` says so,
+    /// migrates before releasing.
+    fn increment(&self, migrate_before_unlock: Option<usize>) {
+        self.lock.lock();
+        // SAFETY: the lock is held.
+        self.value.with_mut(|v| unsafe { *v += 1 });
+        if let Some(cpu) = migrate_before_unlock {
+            migrate_to(Some(cpu));
+        }
+        // SAFETY: taken above by this thread.
+        unsafe { self.lock.unlock() };
+    }
+
+    fn value(&self) -> u32 {
+        self.lock.lock();
+        // SAFETY: the lock is held.
+        let v = self.value.with(|v| unsafe { *v });
+        // SAFETY: taken just above.
+        unsafe { self.lock.unlock() };
+        v
+    }
+}
+
+/// Two threads of CPU 0 take the lock by restartable sequence; each sequence may be aborted by
+/// the other's, and a loser sleeps until the winner's release hands it over.
+#[test]
+fn loom_rseq_same_cpu_waiter() {
+    loom::model(|| {
+        let counter = Counter::new();
+        migrate_to(Some(0));
+        // The main thread holds the lock while the other arrives: the other spins once, then
+        // registers and sleeps (or finds the lock already handed over).
+        counter.lock.lock();
+        let waiter = {
+            let counter = counter.clone();
+            thread::spawn(move || {
+                migrate_to(Some(0));
+                counter.increment(None);
+            })
+        };
+        // SAFETY: the lock is held.
+        counter.value.with_mut(|v| unsafe { *v += 1 });
+        // SAFETY: taken above by this thread.
+        unsafe { counter.lock.unlock() };
+        waiter.join().unwrap();
+        assert_eq!(counter.value(), 2);
+    });
+}
+
+/// Two threads of CPU 0 race for a free lock: the sequences exclude each other.
+#[test]
+fn loom_rseq_same_cpu_race() {
+    loom::model(|| {
+        let counter = Counter::new();
+        let other = {
+            let counter = counter.clone();
+            thread::spawn(move || {
+                migrate_to(Some(0));
+                counter.increment(None);
+            })
+        };
+        migrate_to(Some(0));
+        counter.increment(None);
+        other.join().unwrap();
+        assert_eq!(counter.value(), 2);
+    });
+}
+
+/// A holder takes the lock on CPU 0, migrates to CPU 1 and releases from there with a plain
+/// store, while a thread of CPU 0 competes: the release reaches it, and so does the data.
+#[test]
+fn loom_rseq_migrated_holder() {
+    loom::model(|| {
+        let counter = Counter::new();
+        let mover = {
+            let counter = counter.clone();
+            thread::spawn(move || {
+                migrate_to(Some(0));
+                counter.increment(Some(1));
+            })
+        };
+        migrate_to(Some(0));
+        counter.increment(None);
+        mover.join().unwrap();
+        // The reader runs on CPU 1: the fenced path.
+        migrate_to(Some(1));
+        assert_eq!(counter.value(), 2);
+    });
+}
+
+/// A thread of CPU 1 takes CPU 0's lock through the fenced path (`CAS`, fence the CPU,
+/// check) while a thread of CPU 0 takes it by sequence: never both.
+#[test]
+fn loom_rseq_fenced_taker_vs_owner() {
+    loom::model(|| {
+        let counter = Counter::new();
+        let remote = {
+            let counter = counter.clone();
+            thread::spawn(move || {
+                migrate_to(Some(1));
+                counter.increment(None);
+            })
+        };
+        migrate_to(Some(0));
+        counter.increment(None);
+        remote.join().unwrap();
+        assert_eq!(counter.value(), 2);
+    });
+}
+
+/// The framework around it: a queue-mode CPU whose slot is behind an `RseqLock`; a bound
+/// thread fills it while a drain queued to the CPU's worker empties it. Every item ends in the
+/// sink exactly once.
+#[test]
+fn loom_rseq_per_cpu_with_queued_drain() {
+    loom::model(|| {
+        let qpw = Arc::new(
+            Qpw::builder()
+                .cpus(CpuSpec::Logical(1))
+                .policy(Policy::Queue)
+                .build()
+                .unwrap(),
+        );
+        let cache = Arc::new(qpw.per_cpu_with::<RseqLock, _>(|_| Vec::<u32>::new()).unwrap());
+        let sink = Arc::new(Mutex::new(Vec::<u32>::new()));
+        let drain = {
+            let (cache, sink) = (cache.clone(), sink.clone());
+            qpw.work(move |ctx| {
+                let mut local = cache.lock_work(ctx);
+                sink.lock().unwrap().append(&mut local);
+            })
+            .unwrap()
+        };
+        let producer = {
+            let (qpw, cache) = (qpw.clone(), cache.clone());
+            thread::spawn(move || {
+                let _bound = qpw.bind_current(0).unwrap();
+                cache.lock_local().unwrap().push(1);
+            })
+        };
+        drain.queue_on(0).unwrap();
+        drain.flush(0).unwrap();
+        producer.join().unwrap();
+        drain.queue_on(0).unwrap();
+        drain.flush(0).unwrap();
+        assert_eq!(*sink.lock().unwrap(), [1]);
+    });
+}
