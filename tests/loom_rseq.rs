@@ -158,7 +158,10 @@ fn loom_rseq_per_cpu_with_queued_drain() {
                 .build()
                 .unwrap(),
         );
-        let cache = Arc::new(qpw.per_cpu_with::<RseqLock, _>(|_| Vec::<u32>::new()).unwrap());
+        let cache = Arc::new(
+            qpw.per_cpu_with::<RseqLock, _>(|_| Vec::<u32>::new())
+                .unwrap(),
+        );
         let sink = Arc::new(Mutex::new(Vec::<u32>::new()));
         let drain = {
             let (cache, sink) = (cache.clone(), sink.clone());
