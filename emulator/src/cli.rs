@@ -76,8 +76,7 @@ pub struct RunArgs {
     /// Results folder (default: ./results/<timestamp>).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Workloads, comma-separated (default: lru,memcg,slub; those not built yet are replaced
-    /// by counter, and the table says so).
+    /// Workloads, comma-separated: lru, memcg, slub, pcp, counter (default: lru,memcg,slub).
     #[arg(long, value_name = "LIST")]
     pub workloads: Option<String>,
     /// Requester drains per second, 1-100000.

@@ -122,15 +122,6 @@ pub fn run(args: &RunArgs) -> Result<()> {
     };
     let mut workloads = Vec::new();
     for w in asked {
-        let w = if w.available() {
-            w
-        } else {
-            notes.push(format!(
-                "workload `{w}` is not built yet in qpw-workloads: replaced by `counter`, the \
-                 emulator's built-in minimal workload"
-            ));
-            WorkloadName::Counter
-        };
         if !workloads.contains(&w) {
             workloads.push(w);
         }

@@ -1,15 +1,15 @@
 //! Which workload a run drives, and how it is built.
 //!
-//! The mm workloads come from `qpw-workloads` (one constructor per kernel subsystem); `counter`
-//! is the emulator's own minimal workload ([`crate::counter`]), always available.
+//! The mm workloads come from `qpw-workloads` ([`qpw_workloads::build`], with the kernel's
+//! default sizes); `counter` is the emulator's own minimal workload ([`crate::counter`]).
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::{Context, Result};
 use qpw_core::Qpw;
-use qpw_workloads::Workload;
+use qpw_workloads::{Workload, WorkloadKind, WorkloadOptions};
 
 /// A workload name as the command line spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,33 +53,21 @@ impl WorkloadName {
 
     /// Builds the workload over `qpw`'s CPUs.
     pub fn build(self, qpw: &Qpw) -> Result<Arc<dyn Workload>> {
-        match self {
-            WorkloadName::Counter => Ok(Arc::new(crate::counter::Counter::new(qpw)?)),
-            other => not_built(other),
-        }
+        let kind = match self {
+            WorkloadName::Counter => return Ok(Arc::new(crate::counter::Counter::new(qpw)?)),
+            WorkloadName::Lru => WorkloadKind::Lru,
+            WorkloadName::Memcg => WorkloadKind::Memcg,
+            WorkloadName::Slub => WorkloadKind::Slub,
+            WorkloadName::Pcp => WorkloadKind::Pcp,
+        };
+        qpw_workloads::build(kind, qpw, &WorkloadOptions::default())
+            .with_context(|| format!("cannot build workload `{self}`"))
     }
 
-    /// The mm workload used when none is named: `lru` once it is built, else `counter`.
+    /// The mm workload used when none is named: `lru`.
     pub fn default_mm() -> Self {
-        if WorkloadName::Lru.available() {
-            WorkloadName::Lru
-        } else {
-            WorkloadName::Counter
-        }
+        WorkloadName::Lru
     }
-
-    /// Whether [`build`](Self::build) can make it in this build.
-    pub fn available(self) -> bool {
-        matches!(self, WorkloadName::Counter)
-    }
-}
-
-fn not_built(name: WorkloadName) -> Result<Arc<dyn Workload>> {
-    bail!(
-        "workload `{}` is not built yet: qpw-workloads has no constructor for it in this \
-         version (use --workload counter, the emulator's built-in minimal workload)",
-        name.name()
-    )
 }
 
 impl fmt::Display for WorkloadName {
