@@ -153,8 +153,11 @@ pub struct PoolStats {
     pub puts: u64,
     /// Gets that found no buffer (a bounded pool with everything in use).
     pub exhausted: u64,
-    /// Failed trylocks: on the global lock, or on a per-CPU lock held by another thread.
+    /// Failed trylocks on the global lock (`aa_buffers_lock`).
     pub lock_contention: u64,
+    /// Waits for a per-CPU lock held by another thread of the same CPU (userspace has no
+    /// `preempt_disable`, so threads sharing a CPU contend for its cache).
+    pub percpu_lock_waits: u64,
     /// Failed compare-and-swaps pushing onto a return stack (lock-free retries).
     pub cas_retries: u64,
     /// Gets served from a per-CPU cache or pool without the global lock.
@@ -210,6 +213,7 @@ struct Slab {
     violations: AtomicU64,
     exhausted: AtomicU64,
     contention: AtomicU64,
+    percpu_waits: AtomicU64,
     cas_retries: AtomicU64,
     local_hits: AtomicU64,
     remote_returns: AtomicU64,
@@ -253,6 +257,7 @@ impl Slab {
             violations: AtomicU64::new(0),
             exhausted: AtomicU64::new(0),
             contention: AtomicU64::new(0),
+            percpu_waits: AtomicU64::new(0),
             cas_retries: AtomicU64::new(0),
             local_hits: AtomicU64::new(0),
             remote_returns: AtomicU64::new(0),
@@ -323,6 +328,7 @@ impl Slab {
             puts: l(&self.puts),
             exhausted: l(&self.exhausted),
             lock_contention: l(&self.contention),
+            percpu_lock_waits: l(&self.percpu_waits),
             cas_retries: l(&self.cas_retries),
             local_hits: l(&self.local_hits),
             remote_returns: l(&self.remote_returns),
@@ -608,7 +614,10 @@ impl CachePool {
         Ok(match self.caches.try_lock_local()? {
             Some(guard) => guard,
             None => {
-                self.global.slab.contention.fetch_add(1, Ordering::Relaxed);
+                self.global
+                    .slab
+                    .percpu_waits
+                    .fetch_add(1, Ordering::Relaxed);
                 self.caches.lock_local()?
             }
         })
@@ -632,19 +641,22 @@ impl BufferPool for CachePool {
                 return Ok(Some(slab.take(id)));
             }
         }
-        // Then the global list: a failed trylock raises this CPU's contention and hold.
-        let list = match self.global.list.try_lock() {
+        // Then the global list: a failed trylock raises this CPU's contention and hold, a
+        // successful one eases it (after the global lock is dropped: the per-CPU lock may
+        // sleep, and no one should spin on `aa_buffers_lock` meanwhile).
+        match self.global.list.try_lock() {
             Some(list) => {
+                let buffer = self.global.get_locked(list);
                 self.cache()?.ease();
-                list
+                Ok(buffer)
             }
             None => {
                 slab.contention.fetch_add(1, Ordering::Relaxed);
                 self.cache()?.update_contention();
-                self.global.list.lock()
+                let list = self.global.list.lock();
+                Ok(self.global.get_locked(list))
             }
-        };
-        Ok(self.global.get_locked(list))
+        }
     }
 
     fn put(&self, buffer: Buffer) -> Result<(), PoolError> {
@@ -820,7 +832,7 @@ impl PerCpuPools {
         Ok(match self.local.try_lock_local()? {
             Some(guard) => guard,
             None => {
-                self.slab.contention.fetch_add(1, Ordering::Relaxed);
+                self.slab.percpu_waits.fetch_add(1, Ordering::Relaxed);
                 self.local.lock_local()?
             }
         })
@@ -1274,6 +1286,47 @@ mod tests {
         assert!(lock.try_lock().is_none());
         drop(held);
         assert_eq!(*lock.lock(), 1);
+    }
+
+    #[test]
+    fn a_put_that_meets_contention_is_cached_and_served_locally() {
+        let qpw = Qpw::builder()
+            .cpus(CpuSpec::Logical(1))
+            .policy(qpw_core::Policy::Remote)
+            .build()
+            .unwrap();
+        let pool = CachePool::new(&qpw, 64, 8).unwrap();
+        let _bound = qpw.bind_current(0).unwrap();
+        let a = pool.get().unwrap().unwrap();
+        let b = pool.get().unwrap().unwrap();
+        // Another CPU holds aa_buffers_lock: the first put's trylock fails, which raises the
+        // hold; the second stays local without trying.
+        let held = pool.global.list.lock();
+        pool.put(a).unwrap();
+        pool.put(b).unwrap();
+        drop(held);
+        let s = pool.stats();
+        assert_eq!(s.lock_contention, 1);
+        pool.check_conservation().unwrap();
+        {
+            let cache = pool.caches.lock_local().unwrap();
+            assert_eq!(cache.head.len(), 2);
+            assert_eq!((cache.contention, cache.hold), (3, 8));
+        }
+        // The next gets are served from the cache, without the global lock.
+        let a = pool.get().unwrap().unwrap();
+        let b = pool.get().unwrap().unwrap();
+        assert_eq!(pool.stats().local_hits, 2);
+        // While hold > 0, puts stay local, at most MAX_LOCAL_COUNT of them.
+        let c = pool.get().unwrap().unwrap();
+        for x in [a, b, c] {
+            pool.put(x).unwrap();
+        }
+        assert_eq!(
+            pool.caches.lock_local().unwrap().head.len(),
+            MAX_LOCAL_COUNT
+        );
+        pool.check_conservation().unwrap();
     }
 
     #[test]
