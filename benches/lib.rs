@@ -1,1 +1,521 @@
-//! placeholder
+//! What the criterion benches (`bench_main.rs`) and the `ratios` report share: the names of
+//! the groups and benchmarks, the sweeps, the quick mode, the seeds' figures, and the reading
+//! of criterion's saved estimates into Markdown tables.
+//!
+//! The benches measure absolute times; every claim in `docs/results.md` is a ratio of two
+//! medians measured in one run (STYLE 18), and this crate computes those ratios from
+//! `<target>/criterion/<group>/<function>[/<parameter>]/new/estimates.json`, so that the tables
+//! are produced from the benches, not typed by hand:
+//!
+//! ```sh
+//! export CARGO_TARGET_DIR=/work/target-bench
+//! cargo bench -p qpw-benches --bench bench_main
+//! cargo run -p qpw-benches --bin ratios        # prints the tables in Markdown
+//! ```
+
+#![warn(missing_docs, unsafe_op_in_unsafe_fn)]
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The environment variable that selects the quick mode: `QPW_BENCH_QUICK=1` shrinks warm-up,
+/// measurement time and sample counts so that the whole suite runs in a few minutes (a smoke
+/// check; its medians are noisier).
+pub const QUICK_ENV: &str = "QPW_BENCH_QUICK";
+
+/// Whether the quick mode is on (`QPW_BENCH_QUICK` set to anything but empty or `0`).
+pub fn is_quick() -> bool {
+    std::env::var_os(QUICK_ENV).is_some_and(|v| !v.is_empty() && v != "0")
+}
+
+/// How long criterion warms up and measures, and how many samples it takes, for one group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// `Criterion::warm_up_time`.
+    pub warm_up: Duration,
+    /// `Criterion::measurement_time`.
+    pub measurement: Duration,
+    /// `Criterion::sample_size` (criterion's minimum is 10).
+    pub samples: usize,
+}
+
+impl Timing {
+    /// Nanosecond-scale benches (the local fast path): criterion's own defaults in the full
+    /// run.
+    pub fn fast_path() -> Self {
+        if is_quick() {
+            Self::quick()
+        } else {
+            Self {
+                warm_up: Duration::from_secs(2),
+                measurement: Duration::from_secs(4),
+                samples: 100,
+            }
+        }
+    }
+
+    /// Benches whose one iteration takes microseconds to milliseconds (drains, resctrl passes,
+    /// pool runs): fewer samples, each made of whole operations.
+    pub fn slow_path() -> Self {
+        if is_quick() {
+            Self::quick()
+        } else {
+            Self {
+                warm_up: Duration::from_secs(1),
+                measurement: Duration::from_secs(4),
+                samples: 30,
+            }
+        }
+    }
+
+    fn quick() -> Self {
+        Self {
+            warm_up: Duration::from_millis(100),
+            measurement: Duration::from_millis(300),
+            samples: 10,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names: the benches register under these, the report reads them back.
+
+/// Group of bench 1, the local fast path.
+pub const LOCAL: &str = "local";
+
+/// The benchmarks of [`LOCAL`], in report order: (id, what it measures).
+pub const LOCAL_IDS: &[(&str, &str)] = &[
+    ("tls_cell", "bare thread-local `Cell<u64>` increment (baseline)"),
+    (
+        "atomic_lock",
+        "bare uncontended CAS spin word: lock + increment + unlock (baseline)",
+    ),
+    (
+        "fair_lock",
+        "bare `qpw_core::FairLock` (parking_lot word, `unlock_fair`): lock + increment + unlock",
+    ),
+    ("sched_getcpu", "`libc::sched_getcpu()`"),
+    ("rseq_cpu", "`cpu_id` read from the rseq area (`qpw_core::rseq::current_cpu`)"),
+    (
+        "percpu_queue_bound",
+        "`PerCpu::lock_local` + increment + unlock, queue mode, thread bound (`Qpw::bind_current`)",
+    ),
+    (
+        "percpu_remote_bound",
+        "`PerCpu::lock_local` + increment + unlock, remote mode, thread bound",
+    ),
+    (
+        "percpu_queue_unbound",
+        "`PerCpu::lock_local` + increment + unlock, queue mode, unbound thread (CPU from the rseq area, else `sched_getcpu`)",
+    ),
+    (
+        "percpu_remote_unbound",
+        "`PerCpu::lock_local` + increment + unlock, remote mode, unbound thread",
+    ),
+];
+
+/// Group of bench 2 for a per-CPU counter made with qpw-core only.
+pub const DRAIN_COUNTER: &str = "drain_counter";
+/// Group of bench 2 for the memcg stock (`drain_all_stock`).
+pub const DRAIN_MEMCG: &str = "drain_memcg";
+/// Group of bench 2 for the LRU folio batches (`lru_add_drain_all`).
+pub const DRAIN_LRU: &str = "drain_lru";
+
+/// The CPU counts of bench 2.
+pub const DRAIN_CPUS: [usize; 5] = [1, 2, 8, 32, 128];
+
+/// The kernel's `drain_all_stock` cycles from seed 003 (Leonardo Bras, 2024): (CPUs, queue
+/// mode, remote mode). The queue-mode figure counts only scheduling the work on the remote CPU
+/// ("Clocks to schedule work on remote CPU (performing not accounted)").
+pub const KERNEL_DRAIN_ALL_STOCK: [(usize, u64, u64); 3] = [
+    (1, 44_331, 38_978),
+    (8, 43_993, 39_027),
+    (128, 156_275, 58_054),
+];
+
+/// Group of bench 3: one drain of every CPU, with and without every CPU running its local fast
+/// path in a loop.
+pub const UNDER_LOAD_DRAIN: &str = "under_load_drain";
+/// Group of bench 3: the local fast path on one CPU, with and without back-to-back drains from
+/// another CPU.
+pub const UNDER_LOAD_FAST_PATH: &str = "under_load_fastpath";
+
+/// The parameter of an idle (no load / no drains) measurement in bench 3.
+pub const IDLE: &str = "idle";
+/// The parameter of a loaded measurement in bench 3.
+pub const LOADED: &str = "loaded";
+
+/// The two modes, as the benches name their functions.
+pub const MODES: [&str; 2] = ["queue", "remote"];
+
+/// Group of bench 4, resctrl reads.
+pub const RESCTRL: &str = "resctrl";
+/// The read paths of bench 4, in report order (`qpw_workloads::resctrl::ReadPath` names).
+pub const RESCTRL_PATHS: [&str; 4] = ["workqueue", "interrupt", "local", "cached"];
+/// Files in one pass over everything (seed 002: 25 groups x 3 events x 10 domains; here
+/// 125 groups x 3 events x 2 domains, one per physical CPU).
+pub const RESCTRL_ALL_FILES: usize = 750;
+
+/// Group of bench 5, the buffer pool.
+pub const POOL: &str = "pool";
+/// The thread counts of bench 5.
+pub const POOL_THREADS: [usize; 4] = [2, 4, 8, 16];
+
+// ---------------------------------------------------------------------------------------------
+// Reading criterion's estimates.
+
+/// Where criterion keeps its results: `$CRITERION_HOME`, else `$CARGO_TARGET_DIR/criterion`,
+/// else `target/criterion` or `../target/criterion` (cargo runs benches from the package
+/// directory). Criterion itself would ask `cargo metadata` last; set `CARGO_TARGET_DIR` to be
+/// sure both agree.
+pub fn criterion_dir() -> PathBuf {
+    if let Some(home) = std::env::var_os("CRITERION_HOME") {
+        return PathBuf::from(home);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || {
+            // `cargo run` starts us in the package directory; the workspace target is one up.
+            let here = PathBuf::from("target");
+            if here.is_dir() {
+                here
+            } else {
+                PathBuf::from("../target")
+            }
+        },
+        PathBuf::from,
+    );
+    target.join("criterion")
+}
+
+/// One benchmark's saved median, in nanoseconds per iteration, or `None` if it was not run.
+///
+/// Reads `"median": { ..., "point_estimate": <f64>, ... }` from `estimates.json` by hand, so
+/// that this crate needs no JSON dependency (criterion writes this file with serde; the field
+/// names are part of its documented output).
+pub fn median_ns(root: &Path, group: &str, function: &str, parameter: Option<&str>) -> Option<f64> {
+    let mut path = root.join(group).join(function);
+    if let Some(parameter) = parameter {
+        path.push(parameter);
+    }
+    path.push("new");
+    path.push("estimates.json");
+    let text = std::fs::read_to_string(path).ok()?;
+    point_estimate(&text, "median")
+}
+
+/// The `point_estimate` of the statistic `stat` in criterion's `estimates.json` text.
+///
+/// ```
+/// let json = r#"{"mean":{"point_estimate":2.0},"median":{"confidence_interval":
+///     {"confidence_level":0.95,"lower_bound":1.0,"upper_bound":1.5},"point_estimate":1.25}}"#;
+/// assert_eq!(qpw_benches::point_estimate(json, "median"), Some(1.25));
+/// assert_eq!(qpw_benches::point_estimate(json, "slope"), None);
+/// ```
+pub fn point_estimate(text: &str, stat: &str) -> Option<f64> {
+    let start = text.find(&format!("\"{stat}\""))?;
+    let rest = &text[start..];
+    let at = rest.find("\"point_estimate\"")? + "\"point_estimate\"".len();
+    let rest = rest[at..].trim_start().strip_prefix(':')?.trim_start();
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || matches!(c, '.' | '-' | '+' | 'e' | 'E')))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Formatting.
+
+/// A duration in nanoseconds, with a unit that keeps three significant figures readable.
+pub fn fmt_ns(ns: f64) -> String {
+    if ns < 1_000.0 {
+        format!("{ns:.2} ns")
+    } else if ns < 1_000_000.0 {
+        format!("{:.2} µs", ns / 1e3)
+    } else if ns < 1_000_000_000.0 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
+
+/// `a / b` to three significant figures, or `n/a`.
+pub fn fmt_ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => fmt_sig3(a / b),
+        _ => "n/a".to_string(),
+    }
+}
+
+/// A positive number to three significant figures (no exponent).
+pub fn fmt_sig3(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x > 0.0 {
+        // Digits after the point so that three significant ones show.
+        let decimals = (2 - x.log10().floor() as i32).max(0) as usize;
+        format!("{x:.decimals$}")
+    } else {
+        format!("{x}")
+    }
+}
+
+fn fmt_opt(ns: Option<f64>) -> String {
+    ns.map_or_else(|| "not measured".to_string(), fmt_ns)
+}
+
+/// A Markdown table, built row by row.
+#[derive(Debug, Default)]
+pub struct Table {
+    out: String,
+}
+
+impl Table {
+    /// A table with these column headers.
+    pub fn new(headers: &[&str]) -> Self {
+        let mut out = String::new();
+        let _ = writeln!(out, "| {} |", headers.join(" | "));
+        let _ = writeln!(out, "|{}", "---|".repeat(headers.len()));
+        Self { out }
+    }
+
+    /// Adds a row.
+    pub fn row(&mut self, cells: &[String]) {
+        let _ = writeln!(self.out, "| {} |", cells.join(" | "));
+    }
+
+    /// The table's Markdown.
+    pub fn finish(self) -> String {
+        self.out
+    }
+}
+
+/// The table of bench 1: every local fast path as a median and as ratios to the two baselines.
+pub fn local_table(root: &Path) -> String {
+    let get = |id: &str| median_ns(root, LOCAL, id, None);
+    let tls = get("tls_cell");
+    let atomic = get("atomic_lock");
+    let mut table = Table::new(&["bench", "what", "median", "÷ thread-local", "÷ atomic lock"]);
+    for &(id, what) in LOCAL_IDS {
+        let m = get(id);
+        table.row(&[
+            format!("`{id}`"),
+            what.to_string(),
+            fmt_opt(m),
+            fmt_ratio(m, tls),
+            fmt_ratio(m, atomic),
+        ]);
+    }
+    table.finish()
+}
+
+/// The nominal clock of the first CPU in MHz (`cpu MHz` in `/proc/cpuinfo`), to turn our
+/// nanoseconds into rough cycles beside the kernel's cycle counts. In a VM this is the host's
+/// nominal frequency, not a measured one: the cycle columns are estimates.
+pub fn cpu_mhz() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The parameter-less function of the drain groups that times only the posting of the work
+/// (queue mode, per-CPU counter only): the kernel's queue-side figure counted only that.
+pub const QUEUE_SCHEDULE_ONLY: &str = "queue_schedule_only";
+
+/// The table of bench 2 for `group`: queue and remote medians per CPU count, their ratio, and
+/// the kernel's `drain_all_stock` figures where the seed has them.
+pub fn drain_table(root: &Path, group: &str) -> String {
+    let mhz = cpu_mhz();
+    let cycles = |ns: Option<f64>| match (ns, mhz) {
+        (Some(ns), Some(mhz)) => format!("{:.0}", ns * mhz / 1e3),
+        _ => "n/a".to_string(),
+    };
+    let mut table = Table::new(&[
+        "CPUs",
+        "queue: whole drain",
+        "queue: scheduling only",
+        "remote: whole drain",
+        "remote / queue (whole)",
+        "remote / queue (scheduling only)",
+        "≈ cycles queue sched. / remote",
+        "kernel queue (sched. only) / remote, cycles",
+        "kernel remote / queue",
+    ]);
+    for n in DRAIN_CPUS {
+        let param = n.to_string();
+        let queue = median_ns(root, group, "queue", Some(&param));
+        let sched = median_ns(root, group, QUEUE_SCHEDULE_ONLY, Some(&param));
+        let remote = median_ns(root, group, "remote", Some(&param));
+        let kernel = KERNEL_DRAIN_ALL_STOCK.iter().find(|k| k.0 == n);
+        let (k, kratio) = match kernel {
+            Some(&(_, q, r)) => (
+                format!("{q} / {r}"),
+                fmt_ratio(Some(r as f64), Some(q as f64)),
+            ),
+            None => ("-".to_string(), "-".to_string()),
+        };
+        table.row(&[
+            n.to_string(),
+            fmt_opt(queue),
+            sched.map_or_else(|| "-".to_string(), fmt_ns),
+            fmt_opt(remote),
+            fmt_ratio(remote, queue),
+            if sched.is_some() {
+                fmt_ratio(remote, sched)
+            } else {
+                "-".to_string()
+            },
+            format!("{} / {}", cycles(sched), cycles(remote)),
+            k,
+            kratio,
+        ]);
+    }
+    table.finish()
+}
+
+/// The file, beside criterion's estimates of one `under_load_fastpath` benchmark, in which the
+/// bench records how many drains the requester completed while the fast path was measured.
+pub fn drain_rate_path(root: &Path, function: &str) -> PathBuf {
+    root.join(UNDER_LOAD_FAST_PATH)
+        .join(function)
+        .join(LOADED)
+        .join("qpw_drain_rate.txt")
+}
+
+/// Reads what [`drain_rate_path`] holds: `<drains> <seconds>`, as drains per second.
+pub fn drain_rate(root: &Path, function: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(drain_rate_path(root, function)).ok()?;
+    let mut words = text.split_whitespace();
+    let drains: f64 = words.next()?.parse().ok()?;
+    let secs: f64 = words.next()?.parse().ok()?;
+    (secs > 0.0).then(|| drains / secs)
+}
+
+/// The tables of bench 3: drain time idle versus loaded, and the fast path's slowdown under
+/// drains, per mode.
+pub fn under_load_tables(root: &Path, targets: &[&str]) -> String {
+    let mut out = String::new();
+    let mut drain = Table::new(&[
+        "cache",
+        "mode",
+        "drain, CPUs idle",
+        "drain, every CPU looping its fast path",
+        "loaded / idle",
+    ]);
+    let mut fast = Table::new(&[
+        "cache",
+        "mode",
+        "fast path, no drains",
+        "fast path, back-to-back drains",
+        "slowdown",
+        "drains completed per second meanwhile",
+    ]);
+    for target in targets {
+        for mode in MODES {
+            let f = format!("{target}_{mode}");
+            let idle = median_ns(root, UNDER_LOAD_DRAIN, &f, Some(IDLE));
+            let loaded = median_ns(root, UNDER_LOAD_DRAIN, &f, Some(LOADED));
+            drain.row(&[
+                target.to_string(),
+                mode.to_string(),
+                fmt_opt(idle),
+                fmt_opt(loaded),
+                fmt_ratio(loaded, idle),
+            ]);
+            let idle = median_ns(root, UNDER_LOAD_FAST_PATH, &f, Some(IDLE));
+            let loaded = median_ns(root, UNDER_LOAD_FAST_PATH, &f, Some(LOADED));
+            fast.row(&[
+                target.to_string(),
+                mode.to_string(),
+                fmt_opt(idle),
+                fmt_opt(loaded),
+                fmt_ratio(loaded, idle),
+                drain_rate(root, &f).map_or_else(|| "n/a".to_string(), |r| format!("{r:.0}")),
+            ]);
+        }
+    }
+    let _ = writeln!(out, "{}", drain.finish());
+    let _ = write!(out, "{}", fast.finish());
+    out
+}
+
+/// The table of bench 4: per read path, a pass over all files and over the reader's own
+/// domain, as medians and as ratios to the workqueue path, and the setup apart.
+pub fn resctrl_table(root: &Path) -> String {
+    let all = RESCTRL_ALL_FILES.to_string();
+    // The reader's own domain holds the files of one domain: find the parameter the bench
+    // used (it depends on the number of domains).
+    let own = std::fs::read_dir(root.join(RESCTRL).join("workqueue"))
+        .ok()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name != &all && name.parse::<usize>().is_ok())
+        .min_by_key(|name| name.parse::<usize>().unwrap_or(usize::MAX))
+        .unwrap_or_else(|| "375".to_string());
+    let wq_all = median_ns(root, RESCTRL, "workqueue", Some(&all));
+    let wq_own = median_ns(root, RESCTRL, "workqueue", Some(&own));
+    let mut table = Table::new(&[
+        "read path",
+        "pass over 750 files",
+        "÷ workqueue",
+        "pass over the reader's own domain",
+        "÷ workqueue",
+    ]);
+    for path in RESCTRL_PATHS {
+        let a = median_ns(root, RESCTRL, path, Some(&all));
+        let o = median_ns(root, RESCTRL, path, Some(&own));
+        table.row(&[
+            format!("`{path}`"),
+            fmt_opt(a),
+            fmt_ratio(a, wq_all),
+            fmt_opt(o),
+            fmt_ratio(o, wq_own),
+        ]);
+    }
+    let open = median_ns(root, RESCTRL, "open", Some(&all));
+    table.row(&[
+        "setup: opening 750 files, no read".to_string(),
+        fmt_opt(open),
+        fmt_ratio(open, wq_all),
+        "-".to_string(),
+        "-".to_string(),
+    ]);
+    table.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_criterion_estimates() {
+        let dir = std::env::temp_dir().join(format!("qpw-benches-{}", std::process::id()));
+        let at = dir.join("g").join("f").join("8").join("new");
+        std::fs::create_dir_all(&at).expect("temp dir");
+        std::fs::write(
+            at.join("estimates.json"),
+            r#"{"mean":{"confidence_interval":{"confidence_level":0.95,"lower_bound":9.0,"upper_bound":11.0},"point_estimate":10.0,"standard_error":0.5},"median":{"confidence_interval":{"confidence_level":0.95,"lower_bound":7.0,"upper_bound":8.0},"point_estimate":7.5e3,"standard_error":0.1}}"#,
+        )
+        .expect("write");
+        assert_eq!(median_ns(&dir, "g", "f", Some("8")), Some(7500.0));
+        assert_eq!(median_ns(&dir, "g", "f", Some("9")), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn ratios_and_units() {
+        assert_eq!(fmt_ratio(Some(3.0), Some(2.0)), "1.50");
+        assert_eq!(fmt_ratio(Some(300.0), Some(2.0)), "150");
+        assert_eq!(fmt_ratio(None, Some(2.0)), "n/a");
+        assert_eq!(fmt_ratio(Some(1.0), Some(97.0)), "0.0103");
+        assert_eq!(fmt_ratio(Some(25.0), Some(2.0)), "12.5");
+        assert_eq!(fmt_ns(1500.0), "1.50 µs");
+        assert_eq!(fmt_ns(2.5e6), "2.50 ms");
+    }
+}

@@ -1,0 +1,121 @@
+//! Bench 1, the local fast path: what the owner of a CPU pays to touch its own per-CPU state,
+//! against the two baselines of STYLE 18 measured in the same group: a bare thread-local
+//! increment (what the kernel's non-RT `local_lock` costs: nothing but the access) and a bare
+//! uncontended atomic lock (what PREEMPT_RT pays).
+
+use std::cell::Cell;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use criterion::Criterion;
+use qpw_benches::{Timing, LOCAL};
+use qpw_core::{CpuSpec, FairLock, Policy, Qpw, RawLocalLock};
+
+thread_local! {
+    static COUNTER: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The bare atomic lock: one word, compare-and-swap to take, a release store to drop.
+struct SpinWord(AtomicBool);
+
+impl SpinWord {
+    #[inline]
+    fn lock(&self) {
+        while self
+            .0
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            std::hint::spin_loop();
+        }
+    }
+
+    #[inline]
+    fn unlock(&self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// A physical instance (the CPUs this process may use) in `policy`, for the fast paths.
+fn physical(policy: Policy) -> Qpw {
+    Qpw::builder()
+        .cpus(CpuSpec::Allowed)
+        .policy(policy)
+        .build()
+        .expect("a qpw instance over the allowed CPUs")
+}
+
+pub(crate) fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group(LOCAL);
+    crate::configure(&mut group, Timing::fast_path());
+
+    // Baseline 1: a bare thread-local increment.
+    group.bench_function("tls_cell", |b| {
+        b.iter(|| COUNTER.with(|c| c.set(black_box(c.get()) + 1)))
+    });
+
+    // Baseline 2: a bare uncontended atomic lock around the same increment.
+    let word = SpinWord(AtomicBool::new(false));
+    let mut n = 0u64;
+    group.bench_function("atomic_lock", |b| {
+        b.iter(|| {
+            word.lock();
+            n = black_box(n) + 1;
+            word.unlock();
+        })
+    });
+
+    // The framework's default lock, alone: parking_lot's word with a fair release.
+    let fair = FairLock::new();
+    let mut n = 0u64;
+    group.bench_function("fair_lock", |b| {
+        b.iter(|| {
+            fair.lock();
+            n = black_box(n) + 1;
+            // SAFETY: taken on the line above by this thread, released once.
+            unsafe { fair.unlock() };
+        })
+    });
+
+    // How an unbound thread learns its CPU.
+    group.bench_function("sched_getcpu", |b| {
+        // SAFETY: `sched_getcpu` has no preconditions; it only reads the caller's CPU.
+        b.iter(|| black_box(unsafe { libc::sched_getcpu() }))
+    });
+
+    // The same question answered by one load from glibc's rseq area.
+    if qpw_core::rseq::available() {
+        group.bench_function("rseq_cpu", |b| {
+            b.iter(|| black_box(qpw_core::rseq::current_cpu()))
+        });
+    } else {
+        eprintln!("local/rseq_cpu skipped: {}", qpw_core::rseq::status());
+    }
+
+    // `PerCpu::lock_local` + increment + unlock, in each mode, bound and unbound.
+    for (mode, policy) in [("queue", Policy::Queue), ("remote", Policy::Remote)] {
+        let qpw = physical(policy);
+        let stock = qpw.per_cpu(|_| 0u64);
+        let cpu = qpw.cpus().iter().next().expect("at least one allowed CPU");
+        {
+            let _bound = qpw.bind_current(cpu).expect("bind to an allowed CPU");
+            group.bench_function(format!("percpu_{mode}_bound"), |b| {
+                b.iter(|| {
+                    *stock.lock_local().expect("a bound thread has a CPU") += 1;
+                })
+            });
+        }
+        group.bench_function(format!("percpu_{mode}_unbound"), |b| {
+            b.iter(|| {
+                *stock
+                    .lock_local()
+                    .expect("a thread of a physical instance has a CPU") += 1;
+            })
+        });
+        let mut total = 0;
+        stock.for_each_locked(|_, n| total += *n);
+        black_box(total);
+    }
+
+    group.finish();
+}
