@@ -375,7 +375,7 @@ impl fmt::Debug for DrainInProgress<'_> {
 ///     assert_eq!(memcg.try_charge(3, 1)?, Charge::Stock);
 /// }
 /// assert_eq!((memcg.usage(3), memcg.stocked(3)), (64, 62));
-/// memcg.drain_all_stock(0);
+/// memcg.drain_all_stock(0)?;
 /// assert_eq!((memcg.usage(3), memcg.stocked(3)), (2, 0));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -545,9 +545,12 @@ impl Memcg {
     }
 
     /// `drain_all_stock(root)`: drains every CPU whose stock caches a descendant of `root`;
-    /// returns at once ([`DrainOutcome::skipped`]) when another drain is running.
-    pub fn drain_all_stock(&self, root: MemcgId) -> DrainOutcome {
-        self.drain_all_stock_inner(root.min(self.nr_memcgs() - 1), false, None)
+    /// returns at once ([`DrainOutcome::skipped`]) when another drain is running. The caller's
+    /// own CPU, if it has one, is drained directly and counted in none of the outcome's CPU
+    /// counts.
+    pub fn drain_all_stock(&self, root: MemcgId) -> Result<DrainOutcome, WorkloadError> {
+        self.check_memcg(root)?;
+        Ok(self.drain_all_stock_inner(root, false, None))
     }
 
     /// Holds `percpu_charge_mutex` as a running drain does, for as long as the guard lives:
@@ -901,6 +904,8 @@ mod tests {
         let memcg = Memcg::new(&qpw, small(2, 8)).unwrap();
         let err = memcg.try_charge(9, 1).unwrap_err().to_string();
         assert_eq!(err, "memcg 9 is not in the hierarchy of 4 memcgs (ids 0-3)");
+        let err = memcg.drain_all_stock(4).unwrap_err().to_string();
+        assert_eq!(err, "memcg 4 is not in the hierarchy of 4 memcgs (ids 0-3)");
         let err = memcg.uncharge(1, 1).unwrap_err().to_string();
         assert_eq!(err, "cannot uncharge 1 pages from memcg 1: it holds only 0");
     }

@@ -181,7 +181,7 @@ impl Shared {
 ///     pcp.free_unref_page(page)?;
 /// }
 /// assert_eq!(pcp.pcp_counts(), [(0, 0), (1, 4)]);
-/// assert!(!pcp.drain_all_pages(None).skipped);
+/// assert!(!pcp.drain_all_pages(None)?.skipped);
 /// assert_eq!(pcp.pcp_counts(), [(0, 0), (1, 0)]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -299,8 +299,11 @@ impl Pcp {
     /// `drain_all_pages(zone)`: empties the lists of `zone` (or of every zone) on every CPU that
     /// has pages there. A global drain returns at once ([`DrainOutcome::skipped`]) while another
     /// drain runs; a zone drain waits for it.
-    pub fn drain_all_pages(&self, zone: Option<usize>) -> DrainOutcome {
-        self.drain_inner(zone, false, None)
+    pub fn drain_all_pages(&self, zone: Option<usize>) -> Result<DrainOutcome, WorkloadError> {
+        if let Some(zone) = zone {
+            self.check_zone(zone)?;
+        }
+        Ok(self.drain_inner(zone, false, None))
     }
 
     /// Holds `pcpu_drain_mutex` as a running drain does, for as long as the guard lives.
@@ -317,7 +320,6 @@ impl Pcp {
         timeout: Option<Duration>,
     ) -> DrainOutcome {
         let shared = &*self.shared;
-        let zone = zone.filter(|&z| z < shared.config.zones);
         // Do not drain if one is already in progress, unless it is specific to a zone.
         let _serialised = match shared.pcpu_drain_mutex.try_lock() {
             Ok(guard) => guard,

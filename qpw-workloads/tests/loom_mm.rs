@@ -135,12 +135,12 @@ fn loom_memcg_remote_drain_against_the_owner() {
                 memcg.uncharge(1, 1).unwrap();
             })
         };
-        let outcome = memcg.drain_all_stock(0);
+        let outcome = memcg.drain_all_stock(0).unwrap();
         assert!(outcome.errors.is_empty());
         owner.join().unwrap();
 
         memcg.check_conservation().unwrap();
-        memcg.drain_all_stock(0);
+        memcg.drain_all_stock(0).unwrap();
         assert_eq!((memcg.usage(1), memcg.stocked(1), memcg.held(1)), (0, 0, 0));
         memcg.check_conservation().unwrap();
     });
@@ -163,9 +163,9 @@ fn loom_memcg_concurrent_drains_and_queued_work() {
         };
         let rival = {
             let memcg = memcg.clone();
-            thread::spawn(move || memcg.drain_all_stock(0))
+            thread::spawn(move || memcg.drain_all_stock(0).unwrap())
         };
-        let mine = memcg.drain_all_stock(0);
+        let mine = memcg.drain_all_stock(0).unwrap();
         let theirs = rival.join().unwrap();
         owner.join().unwrap();
         assert!(mine.errors.is_empty() && theirs.errors.is_empty());
@@ -232,12 +232,12 @@ fn loom_pcp_remote_drain_against_the_owner() {
                 pcp.process_op().unwrap(); // allocates a page for a task
             })
         };
-        let outcome = pcp.drain_all_pages(Some(0));
+        let outcome = pcp.drain_all_pages(Some(0)).unwrap();
         assert!(outcome.errors.is_empty());
         owner.join().unwrap();
 
         pcp.check_conservation().unwrap();
-        pcp.drain_all_pages(None);
+        pcp.drain_all_pages(None).unwrap();
         assert_eq!(pcp.zone_free(0), 3); // the task holds one
         pcp.check_conservation().unwrap();
     });

@@ -49,7 +49,7 @@ fn smoke() {
     assert_eq!(memcg.stocked(3), 2 * (MEMCG_CHARGE_BATCH - 2));
     memcg.check_conservation().unwrap();
 
-    let outcome = memcg.drain_all_stock(0);
+    let outcome = memcg.drain_all_stock(0).unwrap();
     assert_eq!((outcome.queued, outcome.ran_remote), (1, 1));
     assert_eq!((memcg.usage(3), memcg.stocked(3), memcg.held(3)), (4, 0, 4));
     memcg.check_conservation().unwrap();
@@ -88,7 +88,7 @@ fn drain_all_stock_only_visits_cpus_caching_a_descendant() {
         memcg.try_charge(m, 1).unwrap();
     }
     // Descendants of 1 are 3 and 4: cpus 0 and 2.
-    let outcome = memcg.drain_all_stock(1);
+    let outcome = memcg.drain_all_stock(1).unwrap();
     assert_eq!((outcome.ran_remote, outcome.skipped_cpus), (2, 1));
     assert_eq!((memcg.stocked(3), memcg.stocked(4)), (0, 0));
     assert_eq!(memcg.stocked(2), MEMCG_CHARGE_BATCH - 1);
@@ -106,12 +106,12 @@ fn drain_all_stock_returns_at_once_while_another_drain_runs() {
         memcg.try_charge(3, 1).unwrap();
     }
     let running = memcg.hold_drain();
-    let outcome = memcg.drain_all_stock(0);
+    let outcome = memcg.drain_all_stock(0).unwrap();
     assert!(outcome.skipped);
     assert_eq!((outcome.queued, outcome.ran_remote), (0, 0));
     assert_eq!(memcg.stocked(3), MEMCG_CHARGE_BATCH - 1);
     drop(running);
-    let outcome = memcg.drain_all_stock(0);
+    let outcome = memcg.drain_all_stock(0).unwrap();
     assert!(!outcome.skipped);
     assert_eq!(memcg.stocked(3), 0);
 }
@@ -121,7 +121,11 @@ fn a_drain_from_another_thread_is_skipped_while_one_runs() {
     let qpw = mixed();
     let memcg = Memcg::new(&qpw, MemcgConfig::default()).unwrap();
     let running = memcg.hold_drain();
-    let skipped = std::thread::scope(|s| s.spawn(|| memcg.drain_all_stock(0)).join().unwrap());
+    let skipped = std::thread::scope(|s| {
+        s.spawn(|| memcg.drain_all_stock(0).unwrap())
+            .join()
+            .unwrap()
+    });
     assert!(skipped.skipped);
     drop(running);
 }
@@ -148,7 +152,7 @@ fn skip_isolated_strands_pages_and_reports_them() {
         return;
     };
     let _requester = qpw.bind_current(housekeeping).unwrap();
-    let outcome = memcg.drain_all_stock(0);
+    let outcome = memcg.drain_all_stock(0).unwrap();
     assert!(!outcome.skipped);
     // The isolated CPU was left alone with its 62 pages charged.
     assert_eq!(memcg.stocked(3), MEMCG_CHARGE_BATCH - 2);
@@ -161,7 +165,7 @@ fn skip_isolated_strands_pages_and_reports_them() {
         assert_eq!(other.stranded, 0);
     }
     // Again: stranded again, and counted again.
-    memcg.drain_all_stock(0);
+    memcg.drain_all_stock(0).unwrap();
     let isolated = memcg
         .counters()
         .into_iter()
@@ -178,7 +182,7 @@ fn skip_isolated_strands_pages_and_reports_them() {
             memcg.try_charge(3, 2).unwrap();
         });
     });
-    let outcome = memcg.drain_all_stock(0);
+    let outcome = memcg.drain_all_stock(0).unwrap();
     assert_eq!(outcome.ran_remote, 1);
     assert_eq!(memcg.stocked(3), 0);
 }
@@ -280,7 +284,7 @@ proptest! {
                 }
                 Op::Drain { caller, root } => {
                     let _bound = caller.map(|cpu| qpw.bind_current(cpu).unwrap());
-                    let outcome = memcg.drain_all_stock(root);
+                    let outcome = memcg.drain_all_stock(root).unwrap();
                     prop_assert!(!outcome.skipped);
                     for m in (1..5).filter(|&m| below(m, root)) {
                         prop_assert_eq!(memcg.stocked(m), 0);

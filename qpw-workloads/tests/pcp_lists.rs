@@ -42,7 +42,7 @@ fn smoke() {
         assert!(count >= PCP_BATCH, "cpu {cpu}: {count}");
     }
     pcp.check_conservation().unwrap();
-    let outcome = pcp.drain_all_pages(None);
+    let outcome = pcp.drain_all_pages(None).unwrap();
     assert_eq!((outcome.queued, outcome.ran_remote), (1, 1));
     assert_eq!(pcp.pcp_counts(), [(0, 0), (1, 0)]);
     pcp.check_conservation().unwrap();
@@ -61,11 +61,11 @@ fn only_cpus_with_pages_in_the_zone_are_drained() {
         let page = pcp.rmqueue_pcplist(zone).unwrap().unwrap();
         pcp.free_unref_page(page).unwrap();
     }
-    let outcome = pcp.drain_all_pages(Some(1));
+    let outcome = pcp.drain_all_pages(Some(1)).unwrap();
     assert_eq!((outcome.ran_remote, outcome.skipped_cpus), (1, 2));
     assert_eq!(pcp.pcp_counts(), [(0, 4), (1, 0), (2, 0)]);
     assert_eq!(pcp.zone_free(1), 32);
-    let outcome = pcp.drain_all_pages(None);
+    let outcome = pcp.drain_all_pages(None).unwrap();
     assert_eq!((outcome.ran_remote, outcome.skipped_cpus), (1, 2));
     assert_eq!(pcp.zone_free(0), 32);
     pcp.check_conservation().unwrap();
@@ -82,11 +82,11 @@ fn a_global_drain_returns_while_one_runs_and_a_zone_drain_waits() {
     }
     let running = pcp.hold_drain();
     // Global: returns at once, nothing drained.
-    let outcome = pcp.drain_all_pages(None);
+    let outcome = pcp.drain_all_pages(None).unwrap();
     assert!(outcome.skipped);
     assert_eq!(pcp.pcp_counts()[1], (1, 4));
     std::thread::scope(|s| {
-        let zone_drain = s.spawn(|| pcp.drain_all_pages(Some(0)));
+        let zone_drain = s.spawn(|| pcp.drain_all_pages(Some(0)).unwrap());
         // The zone drain cannot finish while the mutex is held: it waits, it does not skip.
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!zone_drain.is_finished(), "the zone drain did not wait");
@@ -113,6 +113,8 @@ fn bad_input_is_named() {
     let _bound = qpw.bind_current(0).unwrap();
     let err = pcp.free_unref_page(64).unwrap_err().to_string();
     assert_eq!(err, "zone = 2 is out of range: the legal range is 0-1");
+    let err = pcp.drain_all_pages(Some(7)).unwrap_err().to_string();
+    assert_eq!(err, "zone = 7 is out of range: the legal range is 0-1");
 }
 
 #[derive(Debug, Clone)]
@@ -193,7 +195,7 @@ proptest! {
                     let busy = (0..2)
                         .filter(|&c| zone.map_or(lists[c].iter().sum::<usize>(), |z| lists[c][z]) > 0)
                         .count();
-                    let outcome = pcp.drain_all_pages(zone);
+                    let outcome = pcp.drain_all_pages(zone).unwrap();
                     prop_assert_eq!(outcome.queued + outcome.ran_remote, busy);
                     for list in lists.iter_mut() {
                         for z in (0..2).filter(|&z| zone.is_none_or(|zone| zone == z)) {
