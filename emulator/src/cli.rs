@@ -45,25 +45,45 @@ pub enum Command {
 pub struct DrainArgs {
     /// Drain mode: queue (post to the target CPU's worker) or remote (run under the target's
     /// lock in the requester). Giving --mode or --workload turns the load on.
-    #[arg(long, value_name = "MODE")]
+    #[arg(long, value_name = "MODE", allow_hyphen_values = true)]
     pub mode: Option<String>,
     /// Workload: lru, memcg, slub, pcp, or counter (the emulator's built-in minimal one).
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
     pub workload: Option<String>,
     /// Requester drains per second, 0-100000 (0: no drains).
-    #[arg(long, value_name = "HZ", default_value = "1000")]
+    #[arg(
+        long,
+        value_name = "HZ",
+        default_value = "1000",
+        allow_hyphen_values = true
+    )]
     pub drain_rate: String,
     /// Process-context load on the other CPUs: on or off.
-    #[arg(long, value_name = "on|off", default_value = "on")]
+    #[arg(
+        long,
+        value_name = "on|off",
+        default_value = "on",
+        allow_hyphen_values = true
+    )]
     pub load: String,
     /// How often the probe does a local operation itself, in microseconds (1-1000000).
-    #[arg(long, value_name = "US", default_value = "200")]
+    #[arg(
+        long,
+        value_name = "US",
+        default_value = "200",
+        allow_hyphen_values = true
+    )]
     pub local_op_every: String,
     /// How long a drain waits for queued work before it counts a stall, in ms (1-60000).
-    #[arg(long, value_name = "MS", default_value = "1000")]
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value = "1000",
+        allow_hyphen_values = true
+    )]
     pub drain_timeout: String,
     /// The requester's CPU (default: a housekeeping CPU other than the measured ones).
-    #[arg(long, value_name = "CPU")]
+    #[arg(long, value_name = "CPU", allow_hyphen_values = true)]
     pub requester_cpu: Option<String>,
 }
 
@@ -71,25 +91,41 @@ pub struct DrainArgs {
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Length of each scenario: 10, 30s, 500ms, 20m, 2h.
-    #[arg(short = 'D', long, value_name = "TIME", default_value = "5s")]
+    #[arg(
+        short = 'D',
+        long,
+        value_name = "TIME",
+        default_value = "5s",
+        allow_hyphen_values = true
+    )]
     pub duration: String,
     /// Results folder (default: ./results/<timestamp>).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Workloads, comma-separated: lru, memcg, slub, pcp, counter (default: lru,memcg,slub).
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     pub workloads: Option<String>,
     /// Requester drains per second, 1-100000.
-    #[arg(long, value_name = "HZ", default_value = "1000")]
+    #[arg(
+        long,
+        value_name = "HZ",
+        default_value = "1000",
+        allow_hyphen_values = true
+    )]
     pub drain_rate: String,
     /// The measured CPU (default: an isolated CPU, else the last allowed one).
-    #[arg(long, value_name = "CPU")]
+    #[arg(long, value_name = "CPU", allow_hyphen_values = true)]
     pub target: Option<String>,
     /// Run the probe SCHED_FIFO at this priority (1-99); the worker then cannot preempt it.
-    #[arg(short = 'f', long, value_name = "PRIO")]
+    #[arg(short = 'f', long, value_name = "PRIO", allow_hyphen_values = true)]
     pub rtprio: Option<String>,
     /// How often the probe does a local operation itself, in microseconds (1-1000000).
-    #[arg(long, value_name = "US", default_value = "200")]
+    #[arg(
+        long,
+        value_name = "US",
+        default_value = "200",
+        allow_hyphen_values = true
+    )]
     pub local_op_every: String,
     /// Print only the table.
     #[arg(short, long)]
@@ -100,23 +136,41 @@ pub struct RunArgs {
 #[derive(Debug, Clone, Args)]
 pub struct OslatArgs {
     /// CPUs to measure, e.g. 1,3-5 (default: an isolated CPU, else the last allowed one).
-    #[arg(short = 'c', long, value_name = "LIST")]
+    #[arg(short = 'c', long, value_name = "LIST", allow_hyphen_values = true)]
     pub cpu_list: Option<String>,
     /// Test duration: 10, 30s, 500ms, 20m, 2h.
-    #[arg(short = 'D', long, value_name = "TIME", default_value = "1")]
+    #[arg(
+        short = 'D',
+        long,
+        value_name = "TIME",
+        default_value = "1",
+        allow_hyphen_values = true
+    )]
     pub duration: String,
     /// Number of buckets, 1-4096.
-    #[arg(short = 'b', long, value_name = "N", default_value = "32")]
+    #[arg(
+        short = 'b',
+        long,
+        value_name = "N",
+        default_value = "32",
+        allow_hyphen_values = true
+    )]
     pub bucket_size: String,
     /// Bucket width in nanoseconds, 1-1000000.
-    #[arg(short = 'W', long, value_name = "NS", default_value = "1000")]
+    #[arg(
+        short = 'W',
+        long,
+        value_name = "NS",
+        default_value = "1000",
+        allow_hyphen_values = true
+    )]
     pub bucket_width: String,
     /// SCHED_FIFO priority, 1-99.
-    #[arg(short = 'f', long, value_name = "PRIO")]
+    #[arg(short = 'f', long, value_name = "PRIO", allow_hyphen_values = true)]
     pub rtprio: Option<String>,
     /// Stop when a gap reaches this many microseconds (1-10000000); writes an ftrace marker
     /// when tracing is available.
-    #[arg(short = 'T', long, value_name = "US")]
+    #[arg(short = 'T', long, value_name = "US", allow_hyphen_values = true)]
     pub trace_threshold: Option<String>,
     /// Print the summary only.
     #[arg(short, long)]
@@ -138,29 +192,53 @@ pub struct OslatArgs {
 pub struct CyclictestArgs {
     /// Pin the threads to these CPUs, round robin, e.g. 1 or 0-1 (default: an isolated CPU,
     /// else the last allowed one).
-    #[arg(short = 'a', long, value_name = "LIST")]
+    #[arg(short = 'a', long, value_name = "LIST", allow_hyphen_values = true)]
     pub affinity: Option<String>,
     /// Number of threads, 1-1024 (default: 1).
-    #[arg(short = 't', long, value_name = "N", default_value = "1")]
+    #[arg(
+        short = 't',
+        long,
+        value_name = "N",
+        default_value = "1",
+        allow_hyphen_values = true
+    )]
     pub threads: String,
     /// SCHED_FIFO priority of the threads, 0-99 (0: SCHED_OTHER).
-    #[arg(short = 'p', long, value_name = "PRIO", default_value = "0")]
+    #[arg(
+        short = 'p',
+        long,
+        value_name = "PRIO",
+        default_value = "0",
+        allow_hyphen_values = true
+    )]
     pub priority: String,
     /// Interval in microseconds, 10-1000000.
-    #[arg(short = 'i', long, value_name = "US", default_value = "1000")]
+    #[arg(
+        short = 'i',
+        long,
+        value_name = "US",
+        default_value = "1000",
+        allow_hyphen_values = true
+    )]
     pub interval: String,
     /// Test duration: 10, 30s, 500ms, 20m, 2h.
-    #[arg(short = 'D', long, value_name = "TIME", default_value = "10")]
+    #[arg(
+        short = 'D',
+        long,
+        value_name = "TIME",
+        default_value = "10",
+        allow_hyphen_values = true
+    )]
     pub duration: String,
     /// Print a histogram of this many 1 us buckets, 1-1000000.
-    #[arg(short = 'h', long, value_name = "US")]
+    #[arg(short = 'h', long, value_name = "US", allow_hyphen_values = true)]
     pub histogram: Option<String>,
     /// Lock memory (mlockall).
     #[arg(short = 'm', long)]
     pub mlockall: bool,
     /// Stop when a latency exceeds this many microseconds (1-10000000); writes an ftrace
     /// marker when tracing is available.
-    #[arg(short = 'b', long, value_name = "US")]
+    #[arg(short = 'b', long, value_name = "US", allow_hyphen_values = true)]
     pub breaktrace: Option<String>,
     /// Print the summary only.
     #[arg(short, long)]
@@ -180,11 +258,11 @@ pub struct CyclictestArgs {
 #[derive(Debug, Clone, Args)]
 pub struct LoadArgs {
     /// How long (default: until Ctrl-C): 10, 30s, 500ms, 20m, 2h.
-    #[arg(short = 'D', long, value_name = "TIME")]
+    #[arg(short = 'D', long, value_name = "TIME", allow_hyphen_values = true)]
     pub duration: Option<String>,
     /// CPUs to keep free of our threads (all but their workers in queue mode); default: the
     /// last allowed CPU.
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     pub free: Option<String>,
     /// Skip empty caches instead of forcing every drain to every CPU.
     #[arg(long)]

@@ -1,0 +1,321 @@
+//! The command line, run as a user runs it: short probe runs that must exit 0, the JSON they
+//! write (the rt-tests envelope and per-thread keys), and every numeric flag, CPU list and
+//! duration given a bad value, which must fail with an error that names the flag and its legal
+//! range. Runs are kept to about a second.
+
+use std::path::Path;
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+use serde_json::Value;
+
+fn emu() -> Command {
+    let mut cmd = Command::cargo_bin("qpw-emu").expect("the qpw-emu binary is built");
+    cmd.timeout(std::time::Duration::from_secs(60));
+    cmd
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).expect("the JSON file was written");
+    serde_json::from_str(&text).expect("the JSON file parses")
+}
+
+fn assert_envelope(v: &Value) {
+    for key in [
+        "file_version",
+        "cmdline:",
+        "rt_test_version:",
+        "start_time",
+        "end_time",
+        "return_code",
+        "sysinfo",
+        "num_threads",
+        "thread",
+    ] {
+        assert!(v.get(key).is_some(), "envelope key `{key}` missing in {v}");
+    }
+    assert_eq!(v["file_version"], 1);
+    for key in [
+        "sysname", "nodename", "release", "version", "machine", "realtime",
+    ] {
+        assert!(v["sysinfo"].get(key).is_some(), "sysinfo.{key} missing");
+    }
+}
+
+#[test]
+fn smoke_oslat_writes_rt_tests_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("oslat.json");
+    emu()
+        .args(["oslat", "-D", "1", "-q", "--json"])
+        .arg(&file)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Maximum:"));
+    let v = read_json(&file);
+    assert_envelope(&v);
+    let t = &v["thread"]["0"];
+    for key in ["cpu", "freq", "min", "avg", "max", "duration", "histogram"] {
+        assert!(
+            t.get(key).is_some(),
+            "oslat thread key `{key}` missing in {t}"
+        );
+    }
+    let hist = t["histogram"].as_object().unwrap();
+    assert!(!hist.is_empty());
+    assert!(
+        hist.values().all(|c| c.as_u64().unwrap() > 0),
+        "only non-zero buckets"
+    );
+    assert_eq!(v["tool"], "oslat");
+    assert!(v["warnings"].is_array());
+}
+
+#[test]
+fn smoke_cyclictest_writes_rt_tests_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cyclictest.json");
+    emu()
+        .args([
+            "cyclictest",
+            "-D",
+            "1",
+            "-i",
+            "1000",
+            "-m",
+            "-q",
+            "-h",
+            "100",
+            "--json",
+        ])
+        .arg(&file)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("# Max Latencies"));
+    let v = read_json(&file);
+    assert_envelope(&v);
+    assert!(v.get("resolution_in_ns").is_some());
+    let t = &v["thread"]["0"];
+    for key in ["histogram", "cycles", "min", "max", "avg", "cpu", "node"] {
+        assert!(
+            t.get(key).is_some(),
+            "cyclictest thread key `{key}` missing in {t}"
+        );
+    }
+    // About 1000 wake-ups in a second at 1000 us.
+    let cycles = t["cycles"].as_u64().unwrap();
+    assert!((100..=1100).contains(&cycles), "cycles {cycles}");
+}
+
+#[test]
+fn oslat_under_each_mode_reports_the_requester() {
+    let dir = tempfile::tempdir().unwrap();
+    for mode in ["queue", "remote"] {
+        let file = dir.path().join(format!("{mode}.json"));
+        emu()
+            .args([
+                "oslat",
+                "-D",
+                "1",
+                "-q",
+                "--workload",
+                "counter",
+                "--mode",
+                mode,
+                "--json",
+            ])
+            .arg(&file)
+            .assert()
+            .success()
+            .stdout(predicate::str::contains("Requester"));
+        let v = read_json(&file);
+        assert_eq!(v["mode"], mode);
+        assert_eq!(v["workload"], "counter");
+        assert!(v["requester"]["drains"].as_u64().unwrap() > 0);
+        assert!(v["percentiles"][0]["us"]["p99_9"].is_number());
+        let conservation = v["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("conservation"));
+        assert!(!conservation, "conservation failed: {}", v["warnings"]);
+    }
+}
+
+#[test]
+fn load_runs_for_its_duration_and_report_reads_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("load.json");
+    emu()
+        .args([
+            "load",
+            "-D",
+            "500ms",
+            "-q",
+            "--mode",
+            "remote",
+            "--workload",
+            "counter",
+            "--json",
+        ])
+        .arg(&file)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("Requester"));
+    let v = read_json(&file);
+    assert!(v.get("cmdline:").is_some());
+    assert!(v["requester"]["drains"].as_u64().unwrap() > 0);
+
+    let oslat = dir.path().join("o.json");
+    emu()
+        .args(["oslat", "-D", "500ms", "-q", "--json"])
+        .arg(&oslat)
+        .assert()
+        .success();
+    emu()
+        .arg("report")
+        .arg(&oslat)
+        .args(["--out"])
+        .arg(dir.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("p99.9"));
+    assert!(dir.path().join("report-oslat-hist.svg").exists());
+    assert!(dir.path().join("report-oslat-cdf.svg").exists());
+}
+
+/// Runs `args`, expecting failure with `Error: ` and every needle in stderr.
+fn rejects(args: &[&str], needles: &[&str]) {
+    let out = emu().args(args).output().unwrap();
+    assert!(!out.status.success(), "{args:?} should fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("Error: "), "{args:?}: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: `{n}` not in: {err}");
+    }
+}
+
+#[test]
+fn bad_oslat_values_name_the_flag_and_range() {
+    for (args, needles) in [
+        (
+            &["oslat", "-b", "0"][..],
+            &["--bucket-size 0", "1-4096"][..],
+        ),
+        (&["oslat", "-b", "x"], &["--bucket-size x", "1-4096"]),
+        (&["oslat", "-b", "5000"], &["--bucket-size 5000", "1-4096"]),
+        (&["oslat", "-W", "0"], &["--bucket-width 0", "1-1000000"]),
+        (&["oslat", "-f", "0"], &["--rtprio 0", "1-99"]),
+        (&["oslat", "-f", "100"], &["--rtprio 100", "1-99"]),
+        (
+            &["oslat", "-T", "0"],
+            &["--trace-threshold 0", "1-10000000"],
+        ),
+        (&["oslat", "-D", "0"], &["--duration 0", "1ms to 7d"]),
+        (&["oslat", "-D", "10x"], &["--duration 10x", "1ms to 7d"]),
+        (&["oslat", "-D", "8d"], &["--duration 8d", "1ms to 7d"]),
+        (&["oslat", "-c", "1-"], &["--cpu-list 1-", "0,2-5"]),
+        (&["oslat", "-c", "4000"], &["--cpu-list 4000", "0 to 1023"]),
+        (
+            &["oslat", "-c", "1023"],
+            &["--cpu-list 1023", "allowed set"],
+        ),
+        (
+            &["oslat", "--drain-rate", "-1"],
+            &["--drain-rate -1", "0-100000"],
+        ),
+        (
+            &["oslat", "--drain-rate", "abc"],
+            &["--drain-rate abc", "0-100000"],
+        ),
+        (
+            &["oslat", "--local-op-every", "0"],
+            &["--local-op-every 0", "1-1000000"],
+        ),
+        (
+            &["oslat", "--drain-timeout", "0"],
+            &["--drain-timeout 0", "1-60000"],
+        ),
+        (
+            &["oslat", "--load", "maybe"],
+            &["--load maybe", "`on` or `off`"],
+        ),
+        (
+            &["oslat", "--mode", "fast"],
+            &["--mode fast", "`queue` or `remote`"],
+        ),
+        (
+            &["oslat", "--workload", "slab"],
+            &["--workload slab", "lru, memcg, slub, pcp, counter"],
+        ),
+        (
+            &["oslat", "--requester-cpu", "999"],
+            &["--requester-cpu 999", "allowed set"],
+        ),
+    ] {
+        rejects(args, needles);
+    }
+}
+
+#[test]
+fn bad_cyclictest_values_name_the_flag_and_range() {
+    for (args, needles) in [
+        (
+            &["cyclictest", "-t", "0"][..],
+            &["--threads 0", "1-1024"][..],
+        ),
+        (&["cyclictest", "-p", "100"], &["--priority 100", "0-99"]),
+        (&["cyclictest", "-i", "5"], &["--interval 5", "10-1000000"]),
+        (&["cyclictest", "-h", "0"], &["--histogram 0", "1-1000000"]),
+        (
+            &["cyclictest", "-b", "0"],
+            &["--breaktrace 0", "1-10000000"],
+        ),
+        (&["cyclictest", "-D", "2y"], &["--duration 2y", "1ms to 7d"]),
+        (
+            &["cyclictest", "-a", "x"],
+            &["--affinity x", "not a CPU number"],
+        ),
+        (
+            &["cyclictest", "--drain-rate", "1e9"],
+            &["--drain-rate 1e9", "0-100000"],
+        ),
+    ] {
+        rejects(args, needles);
+    }
+}
+
+#[test]
+fn bad_run_and_load_values_name_the_flag_and_range() {
+    for (args, needles) in [
+        (&["run", "-D", "0"][..], &["--duration 0", "1ms to 7d"][..]),
+        (
+            &["run", "--drain-rate", "0"],
+            &["--drain-rate 0", "1-100000"],
+        ),
+        (
+            &["run", "--target", "999"],
+            &["--target 999", "allowed set"],
+        ),
+        (&["run", "-f", "0"], &["--rtprio 0", "1-99"]),
+        (
+            &["run", "--local-op-every", "0"],
+            &["--local-op-every 0", "1-1000000"],
+        ),
+        (
+            &["run", "--workloads", "lru,foo"],
+            &["--workloads lru,foo", "unknown workload `foo`"],
+        ),
+        (&["load", "-D", "0"], &["--duration 0", "1ms to 7d"]),
+        (
+            &["load", "--free", "5-2"],
+            &["--free 5-2", "runs backwards"],
+        ),
+        (
+            &["load", "--drain-rate", "x"],
+            &["--drain-rate x", "0-100000"],
+        ),
+    ] {
+        rejects(args, needles);
+    }
+}
