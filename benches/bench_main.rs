@@ -7,6 +7,7 @@
 //! | [`drain`] | 2. one requester draining every CPU, queue vs remote, 1-128 CPUs | `drain_counter`, `drain_memcg`, `drain_lru` |
 //! | [`under_load`] | 3. drains while every CPU loops its fast path, and the fast path while drains happen | `under_load_drain`, `under_load_fastpath` |
 //! | [`resctrl`] | 4. a pass over 750 counter files per read path, and the setup apart | `resctrl` |
+//! | [`pool`] | 5. hackbench messages/s through each buffer-pool design, 2-16 threads | `pool` |
 //!
 //! Run everything:
 //!
@@ -29,6 +30,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 mod caches;
 mod drain;
 mod local;
+mod pool;
 mod resctrl;
 mod under_load;
 
@@ -43,7 +45,7 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = local::bench, drain::bench, under_load::bench, resctrl::bench
+    targets = local::bench, drain::bench, under_load::bench, resctrl::bench, pool::bench
 }
 criterion_main!(benches);
 

@@ -113,6 +113,14 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
         "percpu_remote_unbound",
         "`PerCpu::lock_local` + increment + unlock, remote mode, unbound thread",
     ),
+    (
+        "percpu_rseq_bound",
+        "`PerCpu<_, RseqLock>::lock_local` + increment + unlock (queue mode only), thread bound",
+    ),
+    (
+        "percpu_rseq_unbound",
+        "`PerCpu<_, RseqLock>::lock_local` + increment + unlock (queue mode only), unbound thread",
+    ),
 ];
 
 /// Group of bench 2 for a per-CPU counter made with qpw-core only.
@@ -161,6 +169,28 @@ pub const RESCTRL_ALL_FILES: usize = 750;
 pub const POOL: &str = "pool";
 /// The thread counts of bench 5.
 pub const POOL_THREADS: [usize; 4] = [2, 4, 8, 16];
+
+/// Messages per hackbench run in bench 5, whatever the thread count.
+pub const POOL_MESSAGES: usize = 8000;
+
+/// The hackbench shape for `threads` threads (`groups x fds` senders and as many receivers):
+/// (groups, fds, loops), with `loops` chosen so that every run carries [`POOL_MESSAGES`].
+///
+/// ```
+/// assert_eq!(qpw_benches::pool_shape(2), (1, 1, 8000));
+/// assert_eq!(qpw_benches::pool_shape(16), (2, 4, 250));
+/// ```
+pub fn pool_shape(threads: usize) -> (usize, usize, usize) {
+    let pairs = (threads / 2).max(1);
+    // At most four senders per group, as the figures' default `fds`.
+    let fds = pairs.min(4);
+    let groups = pairs.div_ceil(fds);
+    let loops = (POOL_MESSAGES / (groups * fds * fds)).max(1);
+    (groups, fds, loops)
+}
+
+/// The pool designs, as `qpw_workloads::pool::Design::name` spells them, in report order.
+pub const POOL_DESIGNS: [&str; 3] = ["global", "percpu-cache", "percpu-pools"];
 
 // ---------------------------------------------------------------------------------------------
 // Reading criterion's estimates.
@@ -486,6 +516,32 @@ pub fn resctrl_table(root: &Path) -> String {
         "-".to_string(),
         "-".to_string(),
     ]);
+    table.finish()
+}
+
+/// The table of bench 5: messages per second per design and thread count, and each as a ratio
+/// to the global-lock design at the same thread count.
+pub fn pool_table(root: &Path) -> String {
+    let mut headers = vec!["design".to_string()];
+    for t in POOL_THREADS {
+        headers.push(format!("{t} threads: msg/s"));
+        headers.push("÷ global".to_string());
+    }
+    let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
+    let mut table = Table::new(&refs);
+    let rate = |design: &str, t: usize| {
+        median_ns(root, POOL, design, Some(&t.to_string()))
+            .map(|ns| POOL_MESSAGES as f64 / (ns / 1e9))
+    };
+    for design in POOL_DESIGNS {
+        let mut row = vec![format!("`{design}`")];
+        for t in POOL_THREADS {
+            let r = rate(design, t);
+            row.push(r.map_or_else(|| "not measured".to_string(), |r| format!("{r:.0}")));
+            row.push(fmt_ratio(r, rate(POOL_DESIGNS[0], t)));
+        }
+        table.row(&row);
+    }
     table.finish()
 }
 

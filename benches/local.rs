@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use criterion::Criterion;
 use qpw_benches::{Timing, LOCAL};
-use qpw_core::{CpuSpec, FairLock, Policy, Qpw, RawLocalLock};
+use qpw_core::{CpuSpec, FairLock, Policy, Qpw, RawLocalLock, RseqLock};
 
 thread_local! {
     static COUNTER: Cell<u64> = const { Cell::new(0) };
@@ -116,6 +116,34 @@ pub(crate) fn bench(c: &mut Criterion) {
         stock.for_each_locked(|_, n| total += *n);
         black_box(total);
     }
+
+    // The restartable-sequence lock (queue mode only: it has no remote path), as its doc
+    // example makes it: `per_cpu_with::<RseqLock, _>`.
+    let qpw = physical(Policy::Queue);
+    let stock = qpw
+        .per_cpu_with::<RseqLock, _>(|_| 0u64)
+        .expect("an rseq-locked PerCpu in queue mode");
+    eprintln!(
+        "local/percpu_rseq_*: RseqLock uses the {} protocol ({})",
+        RseqLock::kind().name(),
+        qpw_core::rseq::status()
+    );
+    let cpu = qpw.cpus().iter().next().expect("at least one allowed CPU");
+    {
+        let _bound = qpw.bind_current(cpu).expect("bind to an allowed CPU");
+        group.bench_function("percpu_rseq_bound", |b| {
+            b.iter(|| {
+                *stock.lock_local().expect("a bound thread has a CPU") += 1;
+            })
+        });
+    }
+    group.bench_function("percpu_rseq_unbound", |b| {
+        b.iter(|| {
+            *stock
+                .lock_local()
+                .expect("a thread of a physical instance has a CPU") += 1;
+        })
+    });
 
     group.finish();
 }

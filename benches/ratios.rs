@@ -10,8 +10,8 @@
 use std::path::PathBuf;
 
 use qpw_benches::{
-    criterion_dir, drain_table, local_table, resctrl_table, under_load_tables, DRAIN_COUNTER,
-    DRAIN_LRU, DRAIN_MEMCG,
+    criterion_dir, drain_table, local_table, pool_table, resctrl_table, under_load_tables,
+    DRAIN_COUNTER, DRAIN_LRU, DRAIN_MEMCG,
 };
 
 fn main() {
@@ -45,4 +45,6 @@ fn main() {
     println!("{}", under_load_tables(&root, &["counter", "memcg"]));
     println!("### 4. resctrl (group `resctrl`)\n");
     println!("{}", resctrl_table(&root));
+    println!("### 5. Buffer pool (group `pool`)\n");
+    println!("{}", pool_table(&root));
 }
