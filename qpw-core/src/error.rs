@@ -94,6 +94,38 @@ pub enum Error {
         lock: &'static str,
     },
 
+    /// A second thread tried to claim a CPU's owner-only slot.
+    #[error(
+        "cpu {cpu} is already owned by thread {owner}: an owner-only slot has exactly one owner \
+         until its `Owner` handle is dropped"
+    )]
+    AlreadyOwned {
+        /// The CPU asked for.
+        cpu: usize,
+        /// The owning thread (its name, or its number in qpw's count).
+        owner: String,
+    },
+
+    /// A thread that does not own a CPU's owner-only slot tried to reach it locally.
+    #[error(
+        "the calling thread does not own cpu {cpu}'s slot ({}): only its owner may reach it; \
+         others queue work to it",
+        match owner { Some(o) => format!("thread {o} does"), None => "it has no owner".to_string() }
+    )]
+    NotOwner {
+        /// The CPU whose slot was asked for.
+        cpu: usize,
+        /// The owning thread, if any.
+        owner: Option<String>,
+    },
+
+    /// The owner reached its slot while a guard of it was still alive (or had been leaked).
+    #[error("cpu {cpu}'s owner-only slot is already borrowed by its owner")]
+    AlreadyBorrowed {
+        /// The CPU whose slot was asked for.
+        cpu: usize,
+    },
+
     /// `lock_local` from a thread whose CPU the instance cannot tell.
     #[error(
         "the calling thread's CPU is unknown to this instance of {managed}: bind it with \

@@ -257,6 +257,21 @@ impl Inner {
         crate::rseq::cpu_now().filter(|&c| matches!(self.index.get(c), Some(&i) if i != usize::MAX))
     }
 
+    /// See [`Qpw::bind_current`].
+    pub(crate) fn bind_current(&self, cpu: usize) -> Result<Binding> {
+        let idx = self.idx(cpu)?;
+        let previous_affinity = affinity::current_affinity()?;
+        affinity::set_current_affinity(&CpuSet::from_iter([self.phys[idx]]))?;
+        let previous = set_binding(Some((self.id, cpu)));
+        #[cfg(loom)]
+        crate::rseq::mock::migrate_to(Some(self.phys[idx]));
+        Ok(Binding {
+            previous,
+            previous_affinity,
+            _not_send: PhantomData,
+        })
+    }
+
     /// The worker of slot `idx`, started on first use.
     pub(crate) fn worker(&self, idx: usize) -> Result<crate::sync::Arc<crate::work::Worker>> {
         let cpu = self.managed.as_slice()[idx];
@@ -367,17 +382,22 @@ impl Qpw {
     /// that [`PerCpu::lock_local`] and the queue-mode [`PerCpu::lock`] know where it belongs.
     /// Dropping the returned [`Binding`] restores the previous affinity and registration.
     pub fn bind_current(&self, cpu: usize) -> Result<Binding> {
-        let idx = self.inner.idx(cpu)?;
-        let previous_affinity = affinity::current_affinity()?;
-        affinity::set_current_affinity(&CpuSet::from_iter([self.inner.phys[idx]]))?;
-        let previous = set_binding(Some((self.inner.id, cpu)));
-        #[cfg(loom)]
-        crate::rseq::mock::migrate_to(Some(self.inner.phys[idx]));
-        Ok(Binding {
-            previous,
-            previous_affinity,
-            _not_send: PhantomData,
-        })
+        self.inner.bind_current(cpu)
+    }
+
+    /// Per-CPU state for thread-per-core: each CPU's slot belongs to the one thread that
+    /// [claims](crate::OwnedPerCpu::claim) it, which reaches it with no lock word at all and
+    /// runs the work queued to its CPU itself when it polls (see [`OwnedPerCpu`](crate::OwnedPerCpu)).
+    /// Refused with [`Error::LockNeedsQueueMode`] when any CPU is in remote mode: there is no
+    /// lock for another CPU to take.
+    pub fn owned_per_cpu<T>(&self, init: impl FnMut(usize) -> T) -> Result<crate::OwnedPerCpu<T>> {
+        if let Some(cpu) = self.cpus_in(Mode::Remote).first() {
+            return Err(Error::LockNeedsQueueMode {
+                cpu,
+                lock: "owner-only",
+            });
+        }
+        Ok(crate::OwnedPerCpu::new(self.inner.clone(), init))
     }
 
     /// Per-CPU state, one slot per managed CPU, initialised with `init(cpu)`, each behind that

@@ -132,7 +132,8 @@ pub enum LocalLockKind {
     Fair,
     /// [`RseqLock`] with restartable sequences: plain stores on the owner's path.
     Rseq,
-    /// [`Owner`](crate::Owner): one owning thread per CPU, a borrow flag, no lock word.
+    /// [`Owner`](crate::Owner) of an [`OwnedPerCpu`](crate::OwnedPerCpu): one owning thread per
+    /// CPU, a borrow flag, no lock word.
     OwnerOnly,
 }
 

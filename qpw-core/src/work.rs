@@ -28,10 +28,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use crate::instance::{set_binding, Inner};
-use crate::sync::{thread, Arc, Condvar, Mutex, MutexGuard, SharedFn};
+use crate::sync::{thread, Arc, AtomicBool, Condvar, Mutex, MutexGuard, Ordering, SharedFn};
 use crate::{CpuSet, Error, Result, ShutdownReport};
 
-type WorkFn = dyn Fn(&WorkCtx) + Send + Sync;
+pub(crate) type WorkFn = dyn Fn(&WorkCtx) + Send + Sync;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Our critical sections never run user code, so a poisoned lock still guards consistent
@@ -179,9 +179,49 @@ pub(crate) struct Worker {
     phys: usize,
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// Set by every post, cleared by [`run_pending`](Self::run_pending) before it looks at
+    /// the queue: what an owner thread checks on its hot path to learn that work is waiting
+    /// (a mailbox has no thread of its own).
+    posted: AtomicBool,
 }
 
 impl Worker {
+    /// A queue that no thread runs: an owner thread empties it with
+    /// [`run_pending`](Self::run_pending) (the owner-only policy).
+    pub(crate) fn mailbox(cpu: usize, phys: usize) -> Arc<Self> {
+        Arc::new(Self {
+            cpu,
+            phys,
+            queue: Mutex::new(Queue::default()),
+            wake: Condvar::new(),
+            posted: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether work may be waiting: set by every post after it pushed, so an item is never
+    /// left behind unseen, and at worst a poll finds nothing to do.
+    #[inline]
+    pub(crate) fn has_posts(&self) -> bool {
+        self.posted.load(Ordering::Acquire)
+    }
+
+    /// Runs every item queued so far, in the calling thread; returns how many ran. Items
+    /// posted while it runs are run too. Panics are kept for the flushers, as a worker does.
+    pub(crate) fn run_pending(&self) -> usize {
+        let mut ran = 0;
+        loop {
+            self.posted.store(false, Ordering::Relaxed);
+            // Order the clear before the look at the queue (a post pushes, then sets the flag:
+            // either we see its item, or the flag stays set for the next poll).
+            crate::sync::fence(Ordering::SeqCst);
+            let Some(slot) = lock(&self.queue).items.pop_front() else {
+                return ran;
+            };
+            let _ = slot.run(false);
+            ran += 1;
+        }
+    }
+
     fn register(&self) {
         let mut queue = lock(&self.queue);
         queue.registered += 1;
@@ -206,6 +246,7 @@ impl Worker {
         debug_assert!(queue.items.len() < queue.items.capacity());
         queue.items.push_back(slot.clone());
         drop(queue);
+        self.posted.store(true, Ordering::Release);
         self.wake.notify_one();
         Ok(true)
     }
@@ -284,6 +325,7 @@ impl WorkerPool {
             phys,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
+            posted: AtomicBool::new(false),
         });
         let runner = worker.clone();
         let handle = thread::Builder::new()
@@ -416,6 +458,41 @@ impl PerCpuWork {
             workers: workers.into(),
             on_cpu,
         })
+    }
+
+    /// An item whose runs are posted to the given mailboxes, one per managed CPU, which their
+    /// owner threads empty when they poll (the owner-only policy).
+    pub(crate) fn with_mailboxes(
+        inner: Arc<Inner>,
+        func: SharedFn<WorkFn>,
+        mailboxes: &[Arc<Worker>],
+    ) -> Self {
+        let slots = inner
+            .managed
+            .iter()
+            .map(|cpu| {
+                Arc::new(WorkSlot {
+                    instance: inner.id,
+                    cpu,
+                    func: func.clone(),
+                    state: Mutex::new(SlotState::default()),
+                    done: Condvar::new(),
+                })
+            })
+            .collect();
+        let workers = mailboxes
+            .iter()
+            .map(|mailbox| {
+                mailbox.register();
+                Some(mailbox.clone())
+            })
+            .collect();
+        Self {
+            inner,
+            slots,
+            workers,
+            on_cpu: true,
+        }
     }
 
     /// Whether this item must run on its CPU and so is queued in every mode.
