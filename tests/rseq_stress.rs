@@ -168,9 +168,7 @@ fn stress_rseq_lock_with_preemption_and_migration() {
     let qpw = Arc::try_unwrap(qpw).expect("the only handle left");
     let report = qpw.shutdown();
     assert!(report.panicked.is_empty(), "{:?}", report.panicked);
-    let mut counters = Arc::try_unwrap(counters)
-        .ok()
-        .expect("the only handle left");
+    let mut counters = Arc::try_unwrap(counters).expect("the only handle left");
     let left: u64 = counters.iter_mut().map(|(_, n)| *n).sum();
     assert_eq!(left, 0);
 }
