@@ -358,8 +358,10 @@ impl Qpw {
         self.inner.current_cpu()
     }
 
-    /// A one-line description for reports, saying whether the CPUs are physical or logical and
-    /// which mode each has.
+    /// A one-line description for reports, saying whether the CPUs are physical or logical,
+    /// which mode each has, where an unbound thread's CPU is read from (the rseq area or
+    /// `sched_getcpu`), and which protocol [`RseqLock`](crate::RseqLock) uses in this process
+    /// (`rseq`, or the `fair` fallback; [`rseq::status`](crate::rseq::status) says why).
     pub fn describe(&self) -> String {
         let queue = self.cpus_in(Mode::Queue);
         let remote = self.cpus_in(Mode::Remote);
@@ -372,9 +374,16 @@ impl Qpw {
         } else {
             format!("physical CPUs {}", self.inner.managed)
         };
+        let cpu_source = if crate::rseq::available() {
+            "rseq cpu_id"
+        } else {
+            "sched_getcpu"
+        };
         format!(
-            "{kind}; policy {}: queue on {queue}, remote on {remote}",
-            self.inner.policy
+            "{kind}; policy {}: queue on {queue}, remote on {remote}; unbound threads' CPU from \
+             {cpu_source}; RseqLock uses {}",
+            self.inner.policy,
+            crate::RseqLock::kind()
         )
     }
 

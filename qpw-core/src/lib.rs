@@ -38,6 +38,9 @@
 //! | `for_each_cpu` queue, then flush each | same | [`PerCpuWork::drain_all`] | | |
 //! | kworker bound to a CPU | same | the worker thread `qpw/<cpu>` | started at build | started only for [`Qpw::work_on_cpu`] items |
 //! | `cpumask_any_housekeeping` | same | [`Topology::housekeeping_cpu`] | | |
+//! | `smp_processor_id()` | same | [`rseq::current_cpu`], else [`current_cpu`] (`sched_getcpu`) | | |
+//! | non-RT `local_lock` (`preempt_disable`) | same | [`RseqLock`] in [`Qpw::per_cpu_with`] | restartable sequence, plain stores | refused |
+//! | none (thread-per-core, Seastar) | none | [`Qpw::owned_per_cpu`], [`Owner::lock_local`], [`Owner::poll`] | one owner, work run at its poll | refused |
 //!
 //! # How the local lock excludes, in each mode, and what it costs
 //!
@@ -64,9 +67,29 @@
 //! at over a second with a spin-then-yield lock, about 3 ms (one scheduler slice) with a parking
 //! lock and fair hand-off, and about 4 us for the same drain in remote mode.
 //!
-//! The lock is a type parameter so that cheaper owner paths (rseq, single owner) can be added
-//! without touching callers; [`RawRemoteLock`] marks the locks that may be taken from another
-//! CPU, and only those get [`PerCpu::lock`].
+//! The lock is a type parameter, so cheaper owner paths come without touching callers;
+//! [`RawRemoteLock`] marks the locks that may be taken from another CPU, and only those get
+//! [`PerCpu::lock`] and [`PerCpu::for_each_locked`].
+//!
+//! # Faster local paths: three policies side by side
+//!
+//! A thread the framework has not bound first needs its CPU: [`rseq::current_cpu`] reads it
+//! from the `struct rseq` glibc (2.35+) registers for every thread (one load from the thread
+//! pointer, about half the cost of `sched_getcpu`); `lock_local` uses it, and `sched_getcpu`
+//! where it is unavailable. Then the slot's local access, by policy:
+//!
+//! | policy | made by | how it excludes the CPU's threads | owner's acquire + release | reachable from another CPU | when unavailable |
+//! |---|---|---|---|---|---|
+//! | [`FairLock`] (default) | [`Qpw::per_cpu`] | one atomic word | two compare-and-swaps | yes: remote mode, `for_each_locked` | always available |
+//! | [`RseqLock`] | [`Qpw::per_cpu_with`] | a restartable sequence whose last instruction, a plain store, the kernel aborts on preemption or migration | plain loads and stores, no atomic read-modify-write | no (queue mode only, no [`RawRemoteLock`]); a thread that finds itself elsewhere fences the CPU with `membarrier` first | falls back to the [`FairLock`] protocol, reported by [`rseq::status`] and [`Qpw::describe`] |
+//! | owner-only | [`Qpw::owned_per_cpu`] | one owning thread per CPU ([`Owner`], `!Send`), enforced | a borrow flag: no lock word at all | no: work is posted to the CPU's mailbox and run by the owner when it polls | always available |
+//!
+//! Waiting is the same story in each: a waiter on the [`FairLock`] or the [`RseqLock`]
+//! sleeps on a futex after a short spin (never spinning against a preempted holder of its own
+//! CPU) and each release hands the lock to a sleeper; with owner-only there is nothing to wait
+//! for locally, and a remote requester waits for the owner's next poll, or reports a
+//! [`Error::Stall`] after its timeout, as in queue mode. The details and the correctness
+//! argument of each are in [`RseqLock`], [`rseq`] and [`OwnedPerCpu`].
 //!
 //! # An example
 //!
@@ -109,11 +132,11 @@ pub mod cross_call;
 mod error;
 mod instance;
 mod mode;
-mod owner;
+pub mod owner;
 mod percpu;
 mod raw_lock;
 pub mod rseq;
-mod rseq_lock;
+pub mod rseq_lock;
 pub mod sync;
 mod topology;
 mod work;

@@ -39,7 +39,7 @@
 //! lock is offered only when that registration succeeded.
 //!
 //! Under `cfg(loom)` there is no kernel: [`current_cpu`] reports a CPU the model sets with
-//! [`mock::migrate_to`], and the fences are modelled by the lock itself.
+//! `mock::migrate_to`, and the fences are modelled by the lock itself.
 
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicIsize, AtomicU8, Ordering};

@@ -4,7 +4,7 @@
 //! # The problem
 //!
 //! The kernel's non-RT `local_lock` is `preempt_disable()`: no atomic instruction at all. In
-//! userspace two threads of one CPU can interleave, so [`FairLock`](crate::FairLock) pays a
+//! userspace two threads of one CPU can interleave, so [`FairLock`] pays a
 //! compare-and-swap to take the word and another to release it. Restartable sequences give
 //! back most of the kernel's deal: a short run of instructions that the kernel *aborts* (jumps
 //! to an abort handler, before its final store) if the thread is preempted, migrated or
@@ -34,7 +34,7 @@
 //!   instead of spinning against it (a `SCHED_FIFO` worker spinning would never let a
 //!   `SCHED_OTHER` holder run, and yielding would not help it), and a release hands the lock to
 //!   the sleeper instead of letting the releaser re-take it in a tight loop (the fairness
-//!   [`FairLock`](crate::FairLock) gets from `unlock_fair`).
+//!   [`FairLock`] gets from `unlock_fair`).
 //! - **Acquire from another CPU** (a thread that migrated, one the kernel did not register, or
 //!   a lock with no CPU): under the lock's side mutex (one such taker at a time), `CAS` the word
 //!   from `FREE` to `FENCED`, then *fence the lock's CPU* with
@@ -77,7 +77,7 @@
 //! The restartable sequence is x86-64 assembly and needs glibc's rseq registration and the
 //! membarrier commands; when any is missing (another architecture, a kernel without rseq,
 //! `GLIBC_TUNABLES=glibc.pthread.rseq=0`, valgrind), every `RseqLock` of the process uses the
-//! atomic [`FairLock`](crate::FairLock) protocol instead, decided once on first use and
+//! atomic [`FairLock`] protocol instead, decided once on first use and
 //! reported by [`rseq::status`](crate::rseq::status) and [`RseqLock::kind`].
 //!
 //! # What it may not do
@@ -102,7 +102,7 @@
 //! sequence's load is a free-standing loom atomic, so loom explores every preemption point and
 //! every store from another CPU in between. The CPU fence bumps the epoch under the mutex (it
 //! aborts the sequences in flight and orders the caller's stores before later ones), a
-//! thread's CPU is [`rseq::mock::migrate_to`](crate::rseq::mock::migrate_to), `futex` is a
+//! thread's CPU is `rseq::mock::migrate_to`, `futex` is a
 //! loom condition variable checked under its mutex, and both sides of the asymmetric fence
 //! are `SeqCst` fences.
 
