@@ -224,3 +224,40 @@ fn figures_have_the_shape_the_emulator_expects() {
     .unwrap_err();
     assert!(err.to_string().contains("1-4095"), "{err}");
 }
+
+#[test]
+fn fastcat_opens_once_and_reads_pass_after_pass() {
+    let r = small();
+    let g = r.mkdir("a").unwrap();
+    let paths = Resctrl::file_paths(&["a"], &[Event::MbmTotalBytes], &[0, 1]);
+    let cat = qpw_workloads::resctrl::Fastcat::open(&r, &paths).unwrap();
+    assert_eq!(cat.files().len(), 2);
+    let _bound = r.qpw().bind_current(0).unwrap();
+    r.set_read_path(ReadPath::Local);
+    let mut seen = Vec::new();
+    for round in 1..=3u64 {
+        r.inject_traffic(g, 0, 64 * round, 0).unwrap();
+        let pass = cat
+            .pass_with(|f, read| seen.push((f.domain(), read.value)))
+            .unwrap();
+        assert_eq!((pass.files, pass.non_values), (2, 0));
+    }
+    let domain0: Vec<_> = seen
+        .iter()
+        .filter(|(d, _)| *d == 0)
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(
+        domain0,
+        [64, 192, 384].map(ReadValue::Value),
+        "each pass sees the traffic so far"
+    );
+    // One read per file per pass, all under the mutex, none of them remote for domain 0.
+    assert_eq!(r.hold_stats(ReadPath::Local).reads, 6);
+    assert_eq!(r.path_counts().reader_direct, 3);
+    assert_eq!(r.path_counts().local_fallbacks, 3);
+    // A path that does not open fails the whole setup, naming the path.
+    let err = qpw_workloads::resctrl::Fastcat::open(&r, &["mon_data/mon_L3_09/llc_occupancy"])
+        .unwrap_err();
+    assert!(err.to_string().contains("domain 9"), "{err}");
+}

@@ -2,8 +2,7 @@
 //! the hardware across counter wraps.
 #![cfg(not(loom))]
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use qpw_core::sync::{Arc, AtomicBool, Ordering};
 
 use qpw_core::CpuSet;
 use qpw_workloads::resctrl::{Config, DomainLayout, Event, Executor, ReadPath, ReadValue, Resctrl};

@@ -4,8 +4,7 @@
 //! outside its domain.
 #![cfg(not(loom))]
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use qpw_core::sync::{Arc, AtomicBool, Ordering};
 use std::time::Duration;
 
 use qpw_workloads::resctrl::{
