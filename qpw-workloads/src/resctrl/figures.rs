@@ -203,8 +203,10 @@ fn notes(resctrl: &Resctrl, config: &FiguresConfig, load_threads: usize) -> Vec<
     notes
 }
 
-/// Measures every asked-for read path: see the module docs. Takes about
-/// `passes x 2 x files x (one read)` per path, plus thread start-up.
+/// Measures every asked-for read path: see the module docs. Each path costs `passes` passes
+/// over all files plus `passes` over the reader's domain's files; with busy logical CPUs a
+/// workqueue or interrupt read can take milliseconds, so a default run (750 files, 2 passes)
+/// takes seconds to minutes.
 pub fn measure_read_paths(config: &FiguresConfig) -> Result<ResctrlFigures, ResctrlError> {
     check("groups", config.groups, 1, 4095)?;
     check("passes", config.passes, 1, 1000)?;

@@ -1416,14 +1416,14 @@ impl Resctrl {
     /// the interrupt path to interrupt when no registered thread runs in the domain.
     fn ensure_idle_target(
         &self,
-        state: &MutexGuard<'_, RdtState>,
+        _locked: &MutexGuard<'_, RdtState>,
         cpu: usize,
     ) -> Result<(), ResctrlError> {
         if cross_call::has_target(self.shared.idle_space, cpu) {
             return Ok(());
         }
-        // Holding rdtgroup_mutex (`state`) makes the check and the start one step.
-        let _ = state;
+        // `_locked` proves rdtgroup_mutex is held: the check above and the start below are
+        // one step, so a CPU never gets two stand-ins.
         let phys = self.qpw.physical_cpu(cpu)?;
         let stop = Arc::new(AtomicBool::new(false));
         let ready = Arc::new(AtomicBool::new(false));
