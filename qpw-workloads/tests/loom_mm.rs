@@ -79,10 +79,10 @@ fn loom_lru_generation_skip_never_loses_a_folio() {
         };
         add_then_drain(0);
         other.join().unwrap();
+        drop(add_then_drain);
 
         assert_eq!(lru.lru_len(), 2);
         lru.check_conservation().unwrap();
-        drop(add_then_drain);
     });
 }
 
