@@ -33,9 +33,9 @@ pub enum Command {
     /// the real rt-tests tools beside it on the CPU it leaves free.
     Load(LoadArgs),
     /// The resctrl counter read paths side by side (from qpw-workloads).
-    Resctrl(FiguresArgs),
+    Resctrl(ResctrlArgs),
     /// The buffer-pool designs side by side (from qpw-workloads).
-    Pool(FiguresArgs),
+    Pool(PoolArgs),
     /// Text tables and SVG plots from saved JSON results (ours or the real tools').
     Report(ReportArgs),
 }
@@ -278,9 +278,32 @@ pub struct LoadArgs {
     pub drain: DrainArgs,
 }
 
-/// `qpw-emu resctrl` and `qpw-emu pool`.
+/// `qpw-emu resctrl`.
 #[derive(Debug, Clone, Args)]
-pub struct FiguresArgs {
+pub struct ResctrlArgs {
+    /// Monitoring groups read, 1-4095 (default 25: 750 files over 10 domains).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub groups: Option<String>,
+    /// Passes over all files per read path, 1-1000 (default 2).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub passes: Option<String>,
+    /// Print only the table.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Write the figures as JSON to this file (- for stdout).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// `qpw-emu pool`.
+#[derive(Debug, Clone, Args)]
+pub struct PoolArgs {
+    /// hackbench messages per sender per receiver, 1-100000 (default 200).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub loops: Option<String>,
+    /// Print only the table.
+    #[arg(short, long)]
+    pub quiet: bool,
     /// Write the figures as JSON to this file (- for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,

@@ -1,13 +1,12 @@
 //! The commands: validate the options, set up, run the probe or the load, print, export.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use qpw_core::{CpuSet, Mode, Topology};
 
-use crate::cli::{Cli, Command, CyclictestArgs, DrainArgs, FiguresArgs, LoadArgs, OslatArgs};
+use crate::cli::{Cli, Command, CyclictestArgs, DrainArgs, LoadArgs, OslatArgs};
 use crate::clock::Calibration;
 use crate::cyclictest::{self, CyclicConfig, CyclicRun};
 use crate::json::{
@@ -29,8 +28,8 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Oslat(args)) => oslat_cmd(&args),
         Some(Command::Cyclictest(args)) => cyclictest_cmd(&args),
         Some(Command::Load(args)) => load_cmd(&args),
-        Some(Command::Resctrl(args)) => figures_cmd("resctrl", &args),
-        Some(Command::Pool(args)) => figures_cmd("pool", &args),
+        Some(Command::Resctrl(args)) => crate::figures::resctrl_cmd(&args),
+        Some(Command::Pool(args)) => crate::figures::pool_cmd(&args),
         Some(Command::Report(args)) => crate::report::report_cmd(&args),
     }
 }
@@ -763,12 +762,4 @@ struct LoadBody {
     load: crate::load::LoadReport,
     /// Setup steps that failed.
     warnings: Vec<String>,
-}
-
-fn figures_cmd(which: &str, args: &FiguresArgs) -> Result<()> {
-    let _ = args.json.as_deref().map(Path::new);
-    bail!(
-        "`qpw-emu {which}` is not built yet: the qpw-workloads crate has no `{which}` figures \
-         function in this version, and the emulator shows no figures it did not measure"
-    )
 }

@@ -21,6 +21,7 @@ pub mod commands;
 pub mod counter;
 pub mod cyclictest;
 pub mod experiment;
+pub mod figures;
 pub mod hist;
 pub mod json;
 pub mod load;

@@ -319,3 +319,39 @@ fn bad_run_and_load_values_name_the_flag_and_range() {
         rejects(args, needles);
     }
 }
+
+#[test]
+fn pool_figures_print_and_export() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pool.json");
+    emu()
+        .args(["pool", "-q", "--loops", "10", "--json"])
+        .arg(&file)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("percpu-pools"));
+    let v = read_json(&file);
+    assert!(v.get("cmdline:").is_some());
+    let runs = v["runs"].as_array().unwrap();
+    assert!(!runs.is_empty());
+    assert!(runs
+        .iter()
+        .all(|r| r["corrupt"] == 0 && r["violations"] == 0));
+}
+
+#[test]
+fn bad_figures_values_name_the_flag_and_range() {
+    for (args, needles) in [
+        (
+            &["resctrl", "--groups", "0"][..],
+            &["--groups 0", "1-4095"][..],
+        ),
+        (
+            &["resctrl", "--passes", "1001"],
+            &["--passes 1001", "1-1000"],
+        ),
+        (&["pool", "--loops", "-3"], &["--loops -3", "1-100000"]),
+    ] {
+        rejects(args, needles);
+    }
+}

@@ -1,0 +1,394 @@
+//! `qpw-emu resctrl` and `qpw-emu pool`: the workloads crate's figures functions, shown side by
+//! side as a table and exported as JSON.
+//!
+//! The figures are measured by `qpw_workloads::resctrl::measure_read_paths` and
+//! `qpw_workloads::pool::pool_figures`; this module only validates options, runs them, and
+//! turns their typed results into our typed JSON (durations in microseconds).
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use qpw_workloads::pool::{self, PoolFigures, PoolFiguresConfig};
+use qpw_workloads::resctrl::{self, FiguresConfig, ResctrlFigures};
+use serde::Serialize;
+
+use crate::cli::{PoolArgs, ResctrlArgs};
+use crate::json::{self, Envelope};
+use crate::rt::{self, SysInfo};
+use crate::validate;
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// One resctrl read path's figures, in microseconds.
+#[derive(Debug, Serialize)]
+struct PathJson {
+    /// `workqueue`, `interrupt`, `local` or `cached`.
+    path: String,
+    /// Opening every file once.
+    setup_us: f64,
+    /// Passes over every file.
+    passes: usize,
+    /// Average pass over every file.
+    pass_avg_us: f64,
+    /// Longest pass over every file.
+    pass_max_us: f64,
+    /// Files of the reader's own domain.
+    local_files: usize,
+    /// Average pass over the reader's own domain.
+    local_pass_avg_us: f64,
+    /// File reads in the passes.
+    reads: u64,
+    /// Average `rdtgroup_mutex` hold per read.
+    hold_avg_us: f64,
+    /// Longest hold.
+    hold_max_us: f64,
+    /// Time the reader was off-CPU holding the mutex, all reads together.
+    off_cpu_us: f64,
+    /// The reader's voluntary context switches while holding the mutex.
+    voluntary_switches: u64,
+    /// Reads run by a worker.
+    worker_runs: u64,
+    /// Reads run by interrupting a thread on a domain CPU.
+    interrupts: u64,
+    /// Reads the reader did itself.
+    reader_direct: u64,
+    /// Local-path reads that fell back to the workqueue.
+    local_fallbacks: u64,
+    /// Reads answered from the cache.
+    cached: u64,
+    /// Times a thread on a domain CPU was interrupted for a read.
+    interruptions: u64,
+    /// Involuntary context switches of the load threads.
+    load_involuntary_switches: u64,
+    /// Average age of cached values.
+    cached_age_avg_us: Option<f64>,
+    /// Oldest cached value returned.
+    cached_age_max_us: Option<f64>,
+    /// Results that were not values.
+    non_values: u64,
+}
+
+/// The resctrl figures.
+#[derive(Debug, Serialize)]
+struct ResctrlJson {
+    /// `resctrl`.
+    tool: String,
+    /// The CPUs the model ran on (physical or logical).
+    cpus: String,
+    /// Whether they were logical CPUs multiplexed onto fewer physical ones.
+    logical: bool,
+    /// L3 domains.
+    domains: usize,
+    /// Monitoring groups.
+    groups: usize,
+    /// Events per group.
+    events: usize,
+    /// Files per pass.
+    files: usize,
+    /// The reader's CPU.
+    reader_cpu: usize,
+    /// The reader's domain.
+    reader_domain: usize,
+    /// Busy load threads.
+    load_threads: usize,
+    /// The overflow worker's period, in ms.
+    overflow_interval_ms: f64,
+    /// Reads that ran outside their domain (must be 0).
+    violations: u64,
+    /// One entry per read path.
+    paths: Vec<PathJson>,
+}
+
+fn resctrl_json(f: &ResctrlFigures) -> ResctrlJson {
+    ResctrlJson {
+        tool: "resctrl".into(),
+        cpus: f.cpus.clone(),
+        logical: f.logical,
+        domains: f.domains,
+        groups: f.groups,
+        events: f.events,
+        files: f.files,
+        reader_cpu: f.reader_cpu,
+        reader_domain: f.reader_domain,
+        load_threads: f.load_threads,
+        overflow_interval_ms: f.overflow_interval.as_secs_f64() * 1e3,
+        violations: f.violations,
+        paths: f
+            .paths
+            .iter()
+            .map(|p| PathJson {
+                path: p.path.name().to_string(),
+                setup_us: us(p.setup),
+                passes: p.passes,
+                pass_avg_us: us(p.pass_avg),
+                pass_max_us: us(p.pass_max),
+                local_files: p.local_files,
+                local_pass_avg_us: us(p.local_pass_avg),
+                reads: p.reads,
+                hold_avg_us: us(p.hold_avg),
+                hold_max_us: us(p.hold_max),
+                off_cpu_us: us(p.off_cpu),
+                voluntary_switches: p.voluntary_switches,
+                worker_runs: p.counts.worker_runs,
+                interrupts: p.counts.interrupts,
+                reader_direct: p.counts.reader_direct,
+                local_fallbacks: p.counts.local_fallbacks,
+                cached: p.counts.cached,
+                interruptions: p.interruptions,
+                load_involuntary_switches: p.load_involuntary_switches,
+                cached_age_avg_us: p.cached_age_avg.map(us),
+                cached_age_max_us: p.cached_age_max.map(us),
+                non_values: p.non_values,
+            })
+            .collect(),
+    }
+}
+
+/// `qpw-emu resctrl`.
+pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
+    let mut config = FiguresConfig::default();
+    if let Some(g) = &args.groups {
+        config.groups = validate::int_in("--groups", g, 1, 4095)? as usize;
+    }
+    if let Some(p) = &args.passes {
+        config.passes = validate::int_in("--passes", p, 1, 1000)? as usize;
+    }
+    let start_time = rt::rt_timestamp();
+    if !args.quiet {
+        eprintln!(
+            "qpw-emu resctrl: {} groups, {} passes per read path, from qpw_workloads::resctrl::measure_read_paths",
+            config.groups, config.passes
+        );
+    }
+    let figures = resctrl::measure_read_paths(&config).context("resctrl figures")?;
+    let j = resctrl_json(&figures);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "resctrl read paths: {} files per pass ({} groups x {} events x {} domains), reader cpu {} \
+         (domain {}), {} busy load threads; {}{}",
+        j.files,
+        j.groups,
+        j.events,
+        j.domains,
+        j.reader_cpu,
+        j.reader_domain,
+        j.load_threads,
+        j.cpus,
+        if j.logical {
+            " (logical CPUs: compare paths with each other, not with the seed's figures)"
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        s,
+        "{:<10} {:>9} {:>12} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>8}",
+        "path",
+        "setup ms",
+        "pass avg ms",
+        "pass max ms",
+        "local us",
+        "hold avg us",
+        "hold max us",
+        "off-cpu ms",
+        "worker",
+        "irq",
+        "direct",
+        "cached",
+        "interr."
+    );
+    for p in &j.paths {
+        let _ = writeln!(
+            s,
+            "{:<10} {:>9.1} {:>12.1} {:>12.1} {:>11.1} {:>11.2} {:>11.1} {:>11.1} {:>7} {:>7} {:>7} {:>7} {:>8}",
+            p.path,
+            p.setup_us / 1e3,
+            p.pass_avg_us / 1e3,
+            p.pass_max_us / 1e3,
+            p.local_pass_avg_us,
+            p.hold_avg_us,
+            p.hold_max_us,
+            p.off_cpu_us / 1e3,
+            p.worker_runs,
+            p.interrupts,
+            p.reader_direct,
+            p.cached,
+            p.interruptions
+        );
+    }
+    if j.violations > 0 {
+        let _ = writeln!(
+            s,
+            "warning: {} reads ran outside their domain",
+            j.violations
+        );
+    }
+    print!("{s}");
+    if let Some(path) = &args.json {
+        json::write(path, &envelope(start_time, j))?;
+    }
+    Ok(())
+}
+
+/// One hackbench run on one pool design.
+#[derive(Debug, Serialize)]
+struct PoolRunJson {
+    /// `global`, `percpu-cache` or `percpu-pools`.
+    design: String,
+    /// Sender and receiver threads.
+    threads: usize,
+    /// Messages delivered.
+    messages: u64,
+    /// Messages whose bytes were wrong (must be 0).
+    corrupt: u64,
+    /// Wall time in ms.
+    elapsed_ms: f64,
+    /// Messages per second.
+    messages_per_sec: f64,
+    /// Throughput relative to the global-lock design at the same thread count.
+    vs_global: Option<f64>,
+    /// Failed trylocks.
+    lock_contention: u64,
+    /// Failed compare-and-swaps on return stacks.
+    cas_retries: u64,
+    /// Gets served without the global lock.
+    local_hits: u64,
+    /// Puts returned to another CPU's pool.
+    remote_returns: u64,
+    /// The most buffers in use at once.
+    max_in_use: u64,
+    /// Buffers allocated.
+    allocated: u64,
+    /// Double hand-outs or returns (must be 0).
+    violations: u64,
+}
+
+/// The pool figures.
+#[derive(Debug, Serialize)]
+struct PoolJson {
+    /// `pool`.
+    tool: String,
+    /// The CPUs (physical or logical).
+    cpus: String,
+    /// Whether they were logical.
+    logical: bool,
+    /// One entry per design and thread count.
+    runs: Vec<PoolRunJson>,
+}
+
+fn pool_json(f: &PoolFigures) -> PoolJson {
+    let global = |threads: usize| {
+        f.runs
+            .iter()
+            .find(|r| r.threads == threads && r.design == pool::Design::GlobalLock)
+            .map(|r| r.messages_per_sec)
+    };
+    PoolJson {
+        tool: "pool".into(),
+        cpus: f.cpus.clone(),
+        logical: f.logical,
+        runs: f
+            .runs
+            .iter()
+            .map(|r| PoolRunJson {
+                design: r.design.name().to_string(),
+                threads: r.threads,
+                messages: r.messages,
+                corrupt: r.corrupt,
+                elapsed_ms: r.elapsed.as_secs_f64() * 1e3,
+                messages_per_sec: r.messages_per_sec,
+                vs_global: global(r.threads)
+                    .filter(|g| *g > 0.0)
+                    .map(|g| r.messages_per_sec / g),
+                lock_contention: r.stats.lock_contention,
+                cas_retries: r.stats.cas_retries,
+                local_hits: r.stats.local_hits,
+                remote_returns: r.stats.remote_returns,
+                max_in_use: r.stats.max_in_use,
+                allocated: r.stats.allocated,
+                violations: r.stats.violations,
+            })
+            .collect(),
+    }
+}
+
+/// `qpw-emu pool`.
+pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
+    let mut config = PoolFiguresConfig::default();
+    if let Some(l) = &args.loops {
+        config.loops = validate::int_in("--loops", l, 1, 100_000)? as usize;
+    }
+    let start_time = rt::rt_timestamp();
+    if !args.quiet {
+        eprintln!(
+            "qpw-emu pool: hackbench ({} fds per group, {} loops) on each design at {:?} groups, \
+             from qpw_workloads::pool::pool_figures",
+            config.fds, config.loops, config.groups
+        );
+    }
+    let figures = pool::pool_figures(&config).context("pool figures")?;
+    let j = pool_json(&figures);
+    let mut s = String::new();
+    let _ = writeln!(s, "buffer pools under hackbench; {}", j.cpus);
+    let _ = writeln!(
+        s,
+        "{:<13} {:>7} {:>9} {:>10} {:>12} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9}",
+        "design",
+        "threads",
+        "messages",
+        "ms",
+        "msgs/s",
+        "vs global",
+        "contention",
+        "cas retry",
+        "local hit",
+        "remote",
+        "allocated"
+    );
+    for r in &j.runs {
+        let _ = writeln!(
+            s,
+            "{:<13} {:>7} {:>9} {:>10.1} {:>12.0} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9}",
+            r.design,
+            r.threads,
+            r.messages,
+            r.elapsed_ms,
+            r.messages_per_sec,
+            r.vs_global.map_or("-".into(), |v| format!("{v:.2}x")),
+            r.lock_contention,
+            r.cas_retries,
+            r.local_hits,
+            r.remote_returns,
+            r.allocated
+        );
+        if r.corrupt > 0 || r.violations > 0 {
+            let _ = writeln!(
+                s,
+                "warning: {} corrupt messages, {} ownership violations",
+                r.corrupt, r.violations
+            );
+        }
+    }
+    print!("{s}");
+    if let Some(path) = &args.json {
+        json::write(path, &envelope(start_time, j))?;
+    }
+    Ok(())
+}
+
+fn envelope<B>(start_time: String, body: B) -> Envelope<B> {
+    Envelope {
+        file_version: 1,
+        cmdline: json::cmdline(),
+        rt_test_version: json::VERSION.to_string(),
+        start_time,
+        end_time: rt::rt_timestamp(),
+        return_code: 0,
+        sysinfo: SysInfo::read(),
+        body,
+    }
+}
