@@ -98,6 +98,10 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
     ("sched_getcpu", "`libc::sched_getcpu()`"),
     ("rseq_cpu", "`cpu_id` read from the rseq area (`qpw_core::rseq::current_cpu`)"),
     (
+        "rseq_cpu_criterion_iter",
+        "the same as `b.iter(|| black_box(..))`: a measurement artefact, see `benches/local.rs`",
+    ),
+    (
         "percpu_queue_bound",
         "`PerCpu::lock_local` + increment + unlock, queue mode, thread bound (`Qpw::bind_current`)",
     ),
@@ -120,6 +124,10 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
     (
         "percpu_rseq_unbound",
         "`PerCpu<_, RseqLock>::lock_local` + increment + unlock (queue mode only), unbound thread",
+    ),
+    (
+        "percpu_owner",
+        "owner-only (`OwnedPerCpu`, thread-per-core): `Owner::lock_local` + increment + release",
     ),
 ];
 
@@ -254,6 +262,70 @@ pub fn point_estimate(text: &str, stat: &str) -> Option<f64> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The machine.
+
+/// A Markdown list describing the machine: CPU model, CPUs, kernel, virtualisation, glibc,
+/// and the load average when the report was made (the machine may be shared).
+pub fn machine_description() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split(':').nth(1))
+            .map_or_else(|| "unknown".to_string(), |v| v.trim().to_string())
+    };
+    let processors = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count();
+    let hypervisor = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .is_some_and(|l| l.split_whitespace().any(|f| f == "hypervisor"));
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "unknown".to_string(), |s| s.trim().to_string());
+    let virt = std::process::Command::new("systemd-detect-virt")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "not available".to_string());
+    let vendor = std::fs::read_to_string("/sys/class/dmi/id/sys_vendor")
+        .map_or_else(|_| "not readable".to_string(), |s| s.trim().to_string());
+    let allowed = qpw_core::allowed_cpus().map_or_else(|e| e.to_string(), |s| s.to_string());
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map_or_else(|_| "unknown".to_string(), |s| s.trim().to_string());
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "- CPU: {} (`cpu MHz` {})",
+        field("model name"),
+        field("cpu MHz")
+    );
+    let _ = writeln!(
+        out,
+        "- CPUs: {processors} online, allowed to the process: {allowed}"
+    );
+    let _ = writeln!(out, "- kernel: {kernel}");
+    let _ = writeln!(
+        out,
+        "- virtualised: `hypervisor` CPU flag {}; `systemd-detect-virt`: {virt}; DMI sys_vendor: {vendor}",
+        if hypervisor { "present (a VM)" } else { "absent" }
+    );
+    let _ = writeln!(
+        out,
+        "- CPU read for unbound threads: {}",
+        qpw_core::rseq::status()
+    );
+    let _ = writeln!(
+        out,
+        "- load average when this report was made (`/proc/loadavg`): {load}"
+    );
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
 // Formatting.
 
 /// A duration in nanoseconds, with a unit that keeps three significant figures readable.
@@ -309,8 +381,9 @@ impl Table {
         Self { out }
     }
 
-    /// Adds a row.
+    /// Adds a row; a `|` inside a cell is escaped so that it does not split the cell.
     pub fn row(&mut self, cells: &[String]) {
+        let cells: Vec<String> = cells.iter().map(|c| c.replace('|', "\\|")).collect();
         let _ = writeln!(self.out, "| {} |", cells.join(" | "));
     }
 
