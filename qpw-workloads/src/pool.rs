@@ -172,6 +172,8 @@ pub struct PoolStats {
     pub allocated: u64,
     /// The most buffers the pool may ever allocate.
     pub capacity: u64,
+    /// Bytes per buffer (`allocated x buffer_size` is the pool's memory).
+    pub buffer_size: u64,
     /// Buffers handed out while already out, or returned while already in (must be 0).
     pub violations: u64,
 }
@@ -336,6 +338,7 @@ impl Slab {
             max_in_use: l(&self.max_in_use),
             allocated: self.allocated() as u64,
             capacity: self.data.len() as u64,
+            buffer_size: self.size as u64,
             violations: l(&self.violations),
         }
     }
