@@ -760,9 +760,11 @@ impl Hardware {
         for d in 0..self.nr_domains {
             for e in Event::ALL {
                 let i = self.idx(d, rmid, e);
+                // One load, so that the base and the MSR snapshot agree even while traffic
+                // flows.
                 let raw = self.truth[i].load(Ordering::Relaxed) / self.scale;
                 self.base_chunks[i].store(raw, Ordering::Relaxed);
-                self.prev_msr[i].store(self.msr(i), Ordering::Relaxed);
+                self.prev_msr[i].store(raw & ((1u64 << self.width) - 1), Ordering::Relaxed);
                 self.chunks[i].store(0, Ordering::Relaxed);
                 self.unassigned[i].store(false, Ordering::Relaxed);
                 self.unavailable[i].store(false, Ordering::Relaxed);
