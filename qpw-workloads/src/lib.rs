@@ -13,7 +13,8 @@
 //!
 //! The mm workloads share one driving interface, [`Workload`], which the emulator uses: a
 //! process-context operation on the calling CPU, a requester drain, per-CPU counters, and the
-//! workload's conservation law.
+//! workload's conservation law. [`build`] makes one from its [`WorkloadKind`] name (`lru`,
+//! `memcg`, `slub`, `pcp`) and [`WorkloadOptions`] (the kernel's constants by default).
 
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 

@@ -3,7 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use qpw_core::{CpuSpec, FakeSysfs, Mode, Policy, Qpw};
 use qpw_workloads::{CpuCounters, Workload};
@@ -11,6 +11,9 @@ use qpw_workloads::{CpuCounters, Workload};
 /// Logical CPUs for the stress tests: more than this machine's two, so that CPUs share a core
 /// and their threads really interleave.
 pub const STRESS_CPUS: usize = 4;
+
+/// Drains every stress thread waits for half-way through its operations.
+pub const MID_DRAINS: u64 = 20;
 
 /// A fake sysfs tree under the temporary directory, removed on drop.
 pub struct FakeRoot(pub PathBuf);
@@ -68,16 +71,24 @@ pub fn instance(policy: &str, n: usize) -> (Qpw, Option<FakeRoot>) {
 /// checks the conservation law and the counters. Returns the counters and the drains done.
 pub fn stress(qpw: &Qpw, workload: &dyn Workload, ops: u64) -> (Vec<CpuCounters>, u64) {
     let running = AtomicBool::new(true);
-    let mut drains = 0u64;
+    let drains = AtomicU64::new(0);
     std::thread::scope(|s| {
+        let drains = &drains;
         let workers: Vec<_> = qpw
             .cpus()
             .iter()
             .map(|cpu| {
                 s.spawn(move || {
                     let _bound = qpw.bind_current(cpu).unwrap();
-                    for _ in 0..ops {
+                    for i in 0..ops {
                         workload.process_op().unwrap();
+                        // Half-way, wait for some drains, so that drains certainly meet caches
+                        // in use (however the scheduler runs the threads).
+                        if i == ops / 2 {
+                            while drains.load(Ordering::Relaxed) < MID_DRAINS {
+                                std::thread::yield_now();
+                            }
+                        }
                     }
                 })
             })
@@ -88,15 +99,17 @@ pub fn stress(qpw: &Qpw, workload: &dyn Workload, ops: u64) -> (Vec<CpuCounters>
                 let outcome = workload.drain(n % 8 == 7, None);
                 assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
                 n += 1;
+                drains.store(n, Ordering::Relaxed);
             }
-            n
         });
         for worker in workers {
             worker.join().unwrap();
         }
         running.store(false, Ordering::Relaxed);
-        drains = drainer.join().unwrap();
+        drainer.join().unwrap();
     });
+    let drains = drains.load(Ordering::Relaxed);
+    assert!(drains >= MID_DRAINS);
     let outcome = workload.drain(true, None);
     assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
     assert!(!outcome.skipped);
