@@ -127,6 +127,15 @@ pub struct RunArgs {
         allow_hyphen_values = true
     )]
     pub local_op_every: String,
+    /// Rounds, 1-100: each runs every scenario for duration/rounds, interleaved, so that
+    /// drifts in the machine's noise fall on every scenario alike.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value = "3",
+        allow_hyphen_values = true
+    )]
+    pub rounds: String,
     /// Print only the table.
     #[arg(short, long)]
     pub quiet: bool,
@@ -315,6 +324,15 @@ pub struct ReportArgs {
     /// JSON files written by qpw-emu, oslat or cyclictest.
     #[arg(required = true, value_name = "FILE.json")]
     pub files: Vec<PathBuf>,
+    /// For files without their own interruption count: count samples above this many
+    /// microseconds (0.001-10000000).
+    #[arg(
+        long,
+        value_name = "US",
+        default_value = "10",
+        allow_hyphen_values = true
+    )]
+    pub threshold: String,
     /// Where to write the SVG plots (default: the first file's folder).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,

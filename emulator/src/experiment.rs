@@ -9,8 +9,13 @@
 //!    the target's cache non-empty wakes the target's worker, which preempts the probe; in
 //!    remote mode the requester takes the target's lock and drains it from its own CPU.
 //!
-//! Results are written after every scenario (its JSON, then the summary and the plots), so an
-//! interrupted run keeps what it measured.
+//! The scenarios are **interleaved**: each of `--rounds` rounds (default 3) runs every scenario
+//! for its share of the duration, and each scenario's figures are the sum of its rounds. The
+//! noise of this kind of machine drifts over tens of seconds; interleaving puts the same drift
+//! on the baseline and on both modes.
+//!
+//! Results are written after every scenario round (every scenario's JSON so far, then the
+//! summary and the plots), so an interrupted run keeps what it measured.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -20,10 +25,10 @@ use qpw_core::{CpuSet, Mode};
 
 use crate::cli::RunArgs;
 use crate::clock::Calibration;
-use crate::commands::{note_outcome, oslat_json, qpw_fields, Cpus};
+use crate::commands::{note_outcome, oslat_json, Cpus};
 use crate::hist::Histogram;
-use crate::json::{self, Interruptions, Settings, ThreadFigures};
-use crate::load::Phase;
+use crate::json::{self, Interruptions, QpwFields, Settings, ThreadFigures};
+use crate::load::{LoadReport, Phase, RequesterReport};
 use crate::oslat::{self, OslatConfig, OslatRun};
 use crate::report::{self, Row};
 use crate::rt::{self, SysInfo, Warnings};
@@ -46,6 +51,7 @@ pub fn default_args() -> RunArgs {
         target: None,
         rtprio: None,
         local_op_every: "200".into(),
+        rounds: "3".into(),
         quiet: false,
     }
 }
@@ -75,8 +81,10 @@ struct Summary {
     target_cpu: usize,
     /// The requester's CPU.
     housekeeping_cpu: usize,
-    /// Seconds per scenario.
+    /// Seconds per scenario, over all rounds.
     scenario_seconds: f64,
+    /// Rounds: each runs every scenario once, interleaved.
+    rounds: u32,
     /// Requester drains per second.
     drain_rate_hz: f64,
     /// The interruption threshold and its rule.
@@ -155,57 +163,64 @@ pub fn run(args: &RunArgs) -> Result<()> {
     }
     rt::catch_sigint();
     let calibration = Calibration::measure();
+    let rounds = validate::int_in("--rounds", &args.rounds, 1, 100)? as u32;
     let n_scen = 1 + 2 * workloads.len();
+    let chunk = duration / rounds;
     if !quiet {
         eprintln!(
             "qpw-emu: target cpu {target}, requester on cpu {housekeeping}, load on {}; {n_scen} \
-             scenarios of {:.1} s (about {:.0} s); results in {}",
+             scenarios of {:.1} s, interleaved in {rounds} rounds (about {:.0} s); results in {}",
             cpus.allowed.difference(&target_set),
             duration.as_secs_f64(),
-            n_scen as f64 * (duration.as_secs_f64() + 0.4),
+            n_scen as f64 * (duration.as_secs_f64() + 0.3 * f64::from(rounds)),
             out.display()
         );
     }
 
+    // The scenarios: the idle baseline, then each workload in each mode.
+    let base_workload = workloads.first().copied().unwrap_or(WorkloadName::Lru);
+    let mut scenarios = vec![Acc::new("idle", Mode::Queue, base_workload, 0.0)];
+    for &w in &workloads {
+        for mode in [Mode::Queue, Mode::Remote] {
+            scenarios.push(Acc::new(&format!("{mode}-{w}"), mode, w, rate));
+        }
+    }
     let mut ctx = Ctx {
         out,
         start_time,
         target,
         housekeeping,
         duration,
-        rate,
+        chunk,
+        rounds,
         every: Duration::from_micros(every),
         rtprio,
         calibration,
         quiet,
         cpus,
-        rows: Vec::new(),
+        scenarios,
         files: Vec::new(),
-        hists: Vec::new(),
-        drains: Vec::new(),
-        threshold: None,
-        baseline_rate: 0.0,
         notes,
         warnings,
     };
 
-    // 1. The idle baseline.
-    let base_workload = workloads.first().copied().unwrap_or(WorkloadName::Counter);
-    ctx.scenario("idle", Mode::Queue, base_workload, 0.0)?;
-    // 2. Each workload in each mode.
-    for &w in &workloads {
-        for mode in [Mode::Queue, Mode::Remote] {
+    // Every round runs every scenario once, so that slow drifts in the machine's noise fall on
+    // all of them alike.
+    'rounds: for round in 0..rounds {
+        for i in 0..ctx.scenarios.len() {
             if rt::interrupted() {
-                break;
+                break 'rounds;
             }
-            ctx.scenario(&format!("{}-{}", mode, w), mode, w, rate)?;
+            ctx.run_round(i, round)?;
+            ctx.write_all()?;
         }
     }
     ctx.conclude();
-    ctx.write_summary()?;
+    ctx.write_all()?;
+    let rows = ctx.rows();
     print!(
         "{}",
-        report::table(&ctx.rows, Some(ctx.target), ctx.threshold.map(|t| t.0))
+        report::table(&rows, Some(ctx.target), ctx.threshold().map(|t| t.0))
     );
     println!();
     for n in &ctx.notes {
@@ -221,44 +236,71 @@ pub fn run(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// One scenario's measurements, accumulated over the rounds.
+struct Acc {
+    name: String,
+    mode: Mode,
+    workload: WorkloadName,
+    rate: f64,
+    hist: Histogram,
+    seconds: f64,
+    local_ops: u64,
+    local_op_errors: u64,
+    requester: Option<(RequesterReport, Histogram)>,
+    load: LoadReport,
+    target_drains: u64,
+    qpw_desc: String,
+    rounds: u32,
+}
+
+impl Acc {
+    fn new(name: &str, mode: Mode, workload: WorkloadName, rate: f64) -> Self {
+        Self {
+            name: name.to_string(),
+            mode,
+            workload,
+            rate,
+            hist: Histogram::new(GAP_BUCKETS, GAP_WIDTH_NS),
+            seconds: 0.0,
+            local_ops: 0,
+            local_op_errors: 0,
+            requester: None,
+            load: LoadReport::default(),
+            target_drains: 0,
+            qpw_desc: String::new(),
+            rounds: 0,
+        }
+    }
+}
+
 struct Ctx {
     out: PathBuf,
     start_time: String,
     target: usize,
     housekeeping: usize,
     duration: Duration,
-    rate: f64,
+    chunk: Duration,
+    rounds: u32,
     every: Duration,
     rtprio: Option<i32>,
     calibration: Calibration,
     quiet: bool,
     cpus: Cpus,
-    rows: Vec<Row>,
+    scenarios: Vec<Acc>,
     files: Vec<String>,
-    /// (scenario, workload, target gap histogram).
-    hists: Vec<(String, String, Histogram)>,
-    /// (scenario, drain-time buckets).
-    drains: Vec<(String, Vec<(f64, u64)>)>,
-    /// (threshold ns, rule).
-    threshold: Option<(u64, String)>,
-    baseline_rate: f64,
     notes: Vec<String>,
     warnings: Warnings,
 }
 
 impl Ctx {
-    fn scenario(
-        &mut self,
-        name: &str,
-        mode: Mode,
-        workload: WorkloadName,
-        rate: f64,
-    ) -> Result<()> {
+    /// One round of scenario `i`, merged into its accumulator.
+    fn run_round(&mut self, i: usize, round: u32) -> Result<()> {
         let target_set = CpuSet::from_iter([self.target]);
+        let acc = &self.scenarios[i];
         let spec = DrainSpec {
-            mode,
-            workload,
-            drain_rate_hz: rate,
+            mode: acc.mode,
+            workload: acc.workload,
+            drain_rate_hz: acc.rate,
             force: false,
             timeout: Duration::from_secs(1),
             load_cpus: self.cpus.allowed.difference(&target_set),
@@ -269,15 +311,15 @@ impl Ctx {
         let setup = scenario::setup(&spec)?;
         let cfg = OslatConfig {
             cpus: target_set,
-            duration: self.duration,
-            warmup: Duration::from_millis(200),
+            duration: self.chunk,
+            warmup: Duration::from_millis(100),
             bucket_size: GAP_BUCKETS,
             bucket_width_ns: GAP_WIDTH_NS,
             rtprio: self.rtprio,
             trace_threshold_ns: None,
             local_op: Some(setup.local_op()),
             quiet: self.quiet,
-            label: name.to_string(),
+            label: format!("{} ({}/{})", acc.name, round + 1, self.rounds),
         };
         let phase: std::sync::Arc<Phase> = setup.phase.clone();
         let qpw_desc = setup.qpw.describe();
@@ -290,79 +332,146 @@ impl Ctx {
         let Some(thread) = run.threads.first() else {
             return Err(anyhow!("the probe measured nothing"));
         };
-        let hist = thread.hist.clone();
-        let seconds = thread.duration_s.max(1e-9);
-
-        // The idle baseline fixes the threshold.
-        if name == "idle" {
-            let (ns, rule) = derive_threshold(&hist);
-            self.baseline_rate = hist.count_at_least(ns) as f64 / seconds;
-            self.threshold = Some((ns, rule));
+        let acc = &mut self.scenarios[i];
+        acc.hist.merge(&thread.hist);
+        acc.seconds += thread.duration_s;
+        acc.local_ops += thread.local_ops;
+        acc.local_op_errors += thread.local_op_errors;
+        acc.target_drains += outcome.target_drains;
+        acc.load.ops += outcome.load.ops;
+        acc.load.errors += outcome.load.errors;
+        acc.load.cpus = outcome.load.cpus.clone();
+        if acc.load.first_error.is_none() {
+            acc.load.first_error.clone_from(&outcome.load.first_error);
         }
-        let interruptions = self.threshold.as_ref().map(|(ns, rule)| {
-            let count = hist.count_at_least(*ns);
-            let drains = outcome.target_drains;
-            let excess = count as f64 - self.baseline_rate * seconds;
+        if let (Some(r), Some(h)) = (&outcome.requester, &outcome.requester_hist) {
+            match &mut acc.requester {
+                Some((total, hist)) => {
+                    total.add_counts(r);
+                    hist.merge(h);
+                    total.set_times(hist);
+                }
+                None => acc.requester = Some((r.clone(), h.clone())),
+            }
+        }
+        acc.qpw_desc = qpw_desc;
+        acc.rounds += 1;
+        Ok(())
+    }
+
+    /// The interruption threshold, from the idle baseline measured so far.
+    fn threshold(&self) -> Option<(u64, String)> {
+        self.scenarios
+            .first()
+            .filter(|idle| idle.hist.count() > 0)
+            .map(|idle| derive_threshold(&idle.hist))
+    }
+
+    fn baseline_rate(&self) -> f64 {
+        match (self.threshold(), self.scenarios.first()) {
+            (Some((ns, _)), Some(idle)) if idle.seconds > 0.0 => {
+                idle.hist.count_at_least(ns) as f64 / idle.seconds
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// A scenario's JSON document, from what it has accumulated.
+    fn document(&self, acc: &Acc) -> crate::json::Envelope<crate::json::OslatBody> {
+        let threshold = self.threshold();
+        let baseline = self.baseline_rate();
+        let seconds = acc.seconds.max(1e-9);
+        let interruptions = threshold.map(|(ns, rule)| {
+            let count = acc.hist.count_at_least(ns);
+            let excess = count as f64 - baseline * seconds;
             Interruptions {
-                threshold_us: *ns as f64 / 1000.0,
-                rule: rule.clone(),
+                threshold_us: ns as f64 / 1000.0,
+                rule,
                 count,
                 per_second: count as f64 / seconds,
-                baseline_per_second: self.baseline_rate,
-                drains_reaching_target: drains,
-                excess_per_drain: (drains > 0).then(|| excess / drains as f64),
+                baseline_per_second: baseline,
+                drains_reaching_target: acc.target_drains,
+                excess_per_drain: (acc.target_drains > 0)
+                    .then(|| excess / acc.target_drains as f64),
             }
         });
-
-        let figures = vec![ThreadFigures::of(
-            thread.cpu,
-            &hist,
-            thread.local_ops,
-            thread.local_op_errors,
-        )];
+        let spec_mode = (acc.rate > 0.0).then(|| acc.mode.name().to_string());
         let settings = Settings {
             bucket_width_ns: GAP_WIDTH_NS,
             bucket_size: GAP_BUCKETS,
-            duration_s: self.duration.as_secs_f64(),
+            duration_s: self.chunk.as_secs_f64() * f64::from(acc.rounds),
             rtprio: self.rtprio,
             local_op_every_us: Some(self.every.as_micros() as u64),
             interval_us: None,
         };
-        let mut fields = qpw_fields(
-            "oslat",
-            Some(&spec),
-            Some(qpw_desc),
-            Some(&outcome),
-            figures,
-            settings,
-            &self.warnings,
-        );
-        fields.scenario = Some(name.to_string());
-        if name == "idle" {
-            fields.mode = None;
-        }
-        fields.interruptions = interruptions;
-        let doc = oslat_json(&run, self.start_time.clone(), fields);
-        let file = self.out.join(format!("{name}.json"));
-        json::write(&file, &doc)?;
-        self.files.push(file.display().to_string());
+        let fields = QpwFields {
+            tool: "oslat".to_string(),
+            scenario: Some(acc.name.clone()),
+            mode: spec_mode,
+            workload: Some(acc.workload.name().to_string()),
+            qpw: Some(acc.qpw_desc.clone()),
+            settings: Some(settings),
+            percentiles: vec![ThreadFigures::of(
+                self.target,
+                &acc.hist,
+                acc.local_ops,
+                acc.local_op_errors,
+            )],
+            interruptions,
+            requester: acc.requester.as_ref().map(|r| r.0.clone()),
+            load: Some(acc.load.clone()),
+            stopped_by: None,
+            warnings: self.warnings.list().to_vec(),
+        };
+        let run = OslatRun {
+            threads: vec![crate::oslat::OslatThread {
+                cpu: self.target,
+                hist: acc.hist.clone(),
+                duration_s: acc.seconds,
+                local_ops: acc.local_ops,
+                local_op_errors: acc.local_op_errors,
+                first_error: None,
+            }],
+            calibration: self.calibration,
+            threshold_hit: None,
+            interrupted: false,
+            warnings: Vec::new(),
+        };
+        oslat_json(&run, self.start_time.clone(), fields)
+    }
 
-        self.rows.push(Row::from_oslat(name, &doc));
-        self.hists
-            .push((name.to_string(), workload.name().to_string(), hist));
-        if let Some(r) = &outcome.requester {
-            self.drains.push((name.to_string(), r.histogram_us.clone()));
+    fn rows(&self) -> Vec<Row> {
+        self.scenarios
+            .iter()
+            .filter(|a| a.rounds > 0)
+            .map(|a| Row::from_oslat(&a.name, &self.document(a)))
+            .collect()
+    }
+
+    /// Writes every scenario's JSON, the summary and the plots.
+    fn write_all(&mut self) -> Result<()> {
+        let mut files = Vec::new();
+        for acc in self.scenarios.iter().filter(|a| a.rounds > 0) {
+            let file = self.out.join(format!("{}.json", acc.name));
+            json::write(&file, &self.document(acc))?;
+            files.push(file.display().to_string());
+        }
+        for f in files {
+            if !self.files.contains(&f) {
+                self.files.push(f);
+            }
         }
         self.write_summary()?;
-        self.write_plots()?;
-        Ok(())
+        self.write_plots()
     }
 
     /// Compares the modes and says in words what the table shows, or why it does not.
     fn conclude(&mut self) {
-        let find = |scen: &str| self.rows.iter().find(|r| r.name == scen);
+        let rows = self.rows();
+        let baseline = self.baseline_rate();
+        let find = |scen: &str| rows.iter().find(|r| r.name == scen);
         let mut lines = Vec::new();
-        for row in &self.rows {
+        for row in &rows {
             let Some(w) = row.name.strip_prefix("queue-") else {
                 continue;
             };
@@ -381,7 +490,7 @@ impl Ctx {
                 ratio(q.drain_p99, r.drain_p99),
                 q.interruptions_per_s.unwrap_or(0.0),
                 r.interruptions_per_s.unwrap_or(0.0),
-                self.baseline_rate,
+                baseline,
                 q.excess_per_drain
                     .map_or("n/a".into(), |v| format!("{v:.2}")),
                 r.excess_per_drain
@@ -390,27 +499,28 @@ impl Ctx {
             if q.target_drains == Some(0) {
                 lines.push(format!(
                     "{w}: no queue-mode drain reached the target (its cache was always empty when \
-                     the requester looked), so the target could not be interrupted by one"
+                     the requester looked), so no drain could interrupt it"
                 ));
             }
             if q.excess_per_drain.unwrap_or(0.0) <= r.excess_per_drain.unwrap_or(0.0) {
                 lines.push(format!(
                     "{w}: the target saw no more interruptions per drain in queue mode than in \
-                     remote mode; on this machine the worker's wake-ups were lost in the \
-                     baseline noise ({:.0} interruptions/s idle)",
-                    self.baseline_rate
+                     remote mode: the worker's wake-ups were lost in this machine's own noise \
+                     ({baseline:.0} interruptions/s idle)"
                 ));
             }
         }
         self.notes.push(
-            "no isolated CPU here: the figures carry the machine's own noise, so compare the modes \
-             within this run (ratios and counts), not with other machines"
+            "no isolated CPU here: the figures carry the machine's own noise (including \
+             millisecond gaps on an idle vCPU), so compare the modes within this run, as ratios \
+             and counts, not with other machines"
                 .to_string(),
         );
         self.notes.extend(lines);
     }
 
     fn write_summary(&self) -> Result<()> {
+        let threshold = self.threshold();
         let summary = Summary {
             file_version: 1,
             cmdline: json::cmdline(),
@@ -423,10 +533,11 @@ impl Ctx {
             target_cpu: self.target,
             housekeeping_cpu: self.housekeeping,
             scenario_seconds: self.duration.as_secs_f64(),
-            drain_rate_hz: self.rate,
-            threshold_us: self.threshold.as_ref().map(|t| t.0 as f64 / 1000.0),
-            threshold_rule: self.threshold.as_ref().map(|t| t.1.clone()),
-            rows: self.rows.clone(),
+            rounds: self.rounds,
+            drain_rate_hz: self.scenarios.iter().map(|a| a.rate).fold(0.0, f64::max),
+            threshold_us: threshold.as_ref().map(|t| t.0 as f64 / 1000.0),
+            threshold_rule: threshold.map(|t| t.1),
+            rows: self.rows(),
             files: self.files.clone(),
             notes: self.notes.clone(),
             warnings: self.warnings.list().to_vec(),
@@ -436,30 +547,27 @@ impl Ctx {
 
     fn write_plots(&mut self) -> Result<()> {
         let mut written = Vec::new();
-        let workloads: Vec<String> = {
-            let mut v: Vec<String> = self.hists.iter().map(|h| h.1.clone()).collect();
-            v.dedup();
-            v
-        };
-        let idle = self.hists.iter().find(|h| h.0 == "idle");
+        let done: Vec<&Acc> = self.scenarios.iter().filter(|a| a.rounds > 0).collect();
+        let idle = done.iter().find(|a| a.name == "idle");
+        let mut workloads: Vec<WorkloadName> = Vec::new();
+        for a in done.iter().filter(|a| a.name != "idle") {
+            if !workloads.contains(&a.workload) {
+                workloads.push(a.workload);
+            }
+        }
         for w in workloads {
             let mut series = Vec::new();
-            if let Some((_, _, h)) = idle {
+            if let Some(idle) = idle {
                 series.push(Series {
                     label: "idle".into(),
-                    points: h.nonzero_buckets_us(),
+                    points: idle.hist.nonzero_buckets_us(),
                 });
             }
-            for (name, wl, h) in &self.hists {
-                if *wl == w && name != "idle" {
-                    series.push(Series {
-                        label: name.split('-').next().unwrap_or(name).to_string(),
-                        points: h.nonzero_buckets_us(),
-                    });
-                }
-            }
-            if series.len() < 2 {
-                continue;
+            for a in done.iter().filter(|a| a.workload == w && a.name != "idle") {
+                series.push(Series {
+                    label: a.mode.name().to_string(),
+                    points: a.hist.nonzero_buckets_us(),
+                });
             }
             let title = format!("cpu {} gaps under {w} drains (oslat probe)", self.target);
             written.push(write_file(
@@ -471,22 +579,23 @@ impl Ctx {
                 &svg::cdf(&title, &series),
             )?);
         }
-        if !self.drains.is_empty() {
-            let series: Vec<Series> = self
-                .drains
-                .iter()
-                .map(|(name, pts)| Series {
-                    label: name.clone(),
-                    points: pts.clone(),
+        let drains: Vec<Series> = done
+            .iter()
+            .filter_map(|a| {
+                a.requester.as_ref().map(|(r, _)| Series {
+                    label: a.name.clone(),
+                    points: r.histogram_us.clone(),
                 })
-                .collect();
+            })
+            .collect();
+        if !drains.is_empty() {
             written.push(write_file(
                 &self.out.join("drain-cdf.svg"),
-                &svg::cdf("requester drain time", &series),
+                &svg::cdf("requester drain time", &drains),
             )?);
             written.push(write_file(
                 &self.out.join("drain-hist.svg"),
-                &svg::histogram("requester drain time", &series),
+                &svg::histogram("requester drain time", &drains),
             )?);
         }
         for f in written {

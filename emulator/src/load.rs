@@ -117,6 +117,30 @@ pub struct RequesterReport {
     pub histogram_us: Vec<(f64, u64)>,
 }
 
+impl RequesterReport {
+    /// Fills in the drain-time figures from `hist`.
+    pub fn set_times(&mut self, hist: &Histogram) {
+        self.time_us = hist.percentiles_us();
+        self.avg_us = hist.mean_ns() / 1000.0;
+        self.histogram_us = hist.nonzero_buckets_us();
+    }
+
+    /// Adds another run's counts; the caller then sets the times from the merged histogram.
+    pub fn add_counts(&mut self, other: &RequesterReport) {
+        self.drains += other.drains;
+        self.stalls += other.stalls;
+        self.errors += other.errors;
+        self.missed_deadlines += other.missed_deadlines;
+        self.cpus_queued += other.cpus_queued;
+        self.cpus_remote += other.cpus_remote;
+        self.cpus_skipped += other.cpus_skipped;
+        self.whole_skipped += other.whole_skipped;
+        if self.first_error.is_none() {
+            self.first_error.clone_from(&other.first_error);
+        }
+    }
+}
+
 /// What the process-context threads did.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct LoadReport {
@@ -133,7 +157,7 @@ pub struct LoadReport {
 /// The running load.
 #[derive(Debug)]
 pub struct Load {
-    requester: Option<JoinHandle<Result<RequesterReport>>>,
+    requester: Option<JoinHandle<Result<(RequesterReport, Histogram)>>>,
     workers: Vec<JoinHandle<(u64, u64, Option<String>)>>,
     load_cpus: CpuSet,
 }
@@ -179,8 +203,9 @@ pub fn start(
 }
 
 impl Load {
-    /// Waits for the threads (after the phase was stopped) and collects their figures.
-    pub fn finish(self) -> Result<(Option<RequesterReport>, LoadReport)> {
+    /// Waits for the threads (after the phase was stopped) and collects their figures: the
+    /// requester's with its drain-time histogram, and the process-context load's.
+    pub fn finish(self) -> Result<(Option<(RequesterReport, Histogram)>, LoadReport)> {
         let requester = match self.requester {
             Some(h) => Some(
                 h.join()
@@ -209,7 +234,7 @@ fn requester(
     qpw: &Qpw,
     w: &dyn Workload,
     phase: &Phase,
-) -> Result<RequesterReport> {
+) -> Result<(RequesterReport, Histogram)> {
     let _bound = qpw
         .bind_current(cfg.requester_cpu)
         .with_context(|| format!("cannot bind the requester to cpu {}", cfg.requester_cpu))?;
@@ -226,7 +251,7 @@ fn requester(
         ..RequesterReport::default()
     };
     if !phase.wait_go() {
-        return Ok(report);
+        return Ok((report, hist));
     }
     let period = (1e9 / cfg.drain_rate_hz).max(1.0) as u64;
     let mut next = monotonic_ns();
@@ -267,10 +292,8 @@ fn requester(
             report.first_error = out.errors.first().map(ToString::to_string);
         }
     }
-    report.time_us = hist.percentiles_us();
-    report.avg_us = hist.mean_ns() / 1000.0;
-    report.histogram_us = hist.nonzero_buckets_us();
-    Ok(report)
+    report.set_times(&hist);
+    Ok((report, hist))
 }
 
 fn process_load(

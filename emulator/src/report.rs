@@ -33,8 +33,13 @@ pub struct Row {
     pub p99_us: f64,
     /// 99.9th percentile, us.
     pub p99_9_us: f64,
+    /// 99.99th percentile, us.
+    pub p99_99_us: f64,
     /// Whether the percentiles were read off bucket edges of a file without ours.
     pub from_buckets: bool,
+    /// Whether the interruptions were counted above `qpw-emu report --threshold`.
+    #[serde(default)]
+    pub from_threshold: bool,
     /// Gaps at or above the interruption threshold.
     pub interruptions: Option<u64>,
     /// The same, per second.
@@ -86,8 +91,15 @@ impl Row {
         points: &[(f64, u64)],
     ) -> Row {
         let ours = q.percentiles.iter().find(|p| p.cpu == cpu);
-        let (samples, max_us, p99, p999, from_buckets) = match ours {
-            Some(f) => (f.samples, f.us.max, f.us.p99, f.us.p99_9, false),
+        let (samples, max_us, p99, p999, p9999, from_buckets) = match ours {
+            Some(f) => (
+                f.samples,
+                f.us.max,
+                f.us.p99,
+                f.us.p99_9,
+                f.us.p99_99,
+                false,
+            ),
             None => {
                 let total: u64 = points.iter().map(|p| p.1).sum();
                 (
@@ -95,6 +107,7 @@ impl Row {
                     max,
                     bucket_quantile(points, 0.99),
                     bucket_quantile(points, 0.999),
+                    bucket_quantile(points, 0.9999),
                     true,
                 )
             }
@@ -111,7 +124,9 @@ impl Row {
             max_us,
             p99_us: p99,
             p99_9_us: p999,
+            p99_99_us: p9999,
             from_buckets,
+            from_threshold: false,
             interruptions: i.map(|i| i.count),
             interruptions_per_s: i.map(|i| i.per_second),
             excess_per_drain: i.and_then(|i| i.excess_per_drain),
@@ -159,11 +174,12 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
     );
     let _ = writeln!(
         s,
-        "{:<14} {:>9} {:>8} {:>8} {:>10} {:>8} {:>9} | {:>7} {:>9} {:>9} {:>9} {:>6}",
+        "{:<14} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
         "scenario",
         "max",
         "p99",
         "p99.9",
+        "p99.99",
         "interrupt",
         "per s",
         "per drain",
@@ -173,16 +189,17 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         "max",
         "stalls"
     );
-    let _ = writeln!(s, "{}", "-".repeat(121));
+    let _ = writeln!(s, "{}", "-".repeat(125));
     for r in rows {
         let mark = if r.from_buckets { "*" } else { "" };
         let _ = writeln!(
             s,
-            "{:<14} {:>9.1} {:>8.2} {:>8.2} {:>10} {:>8} {:>9} | {:>7} {:>9} {:>9} {:>9} {:>6}",
+            "{:<14} {:>9.1} {:>7.2} {:>7.2} {:>8.2} {:>10} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
             format!("{}{mark}", r.name),
             r.max_us,
             r.p99_us,
             r.p99_9_us,
+            r.p99_99_us,
             opt(r.interruptions, |v| v.to_string()),
             opt(r.interruptions_per_s, |v| format!("{v:.0}")),
             opt(r.excess_per_drain, |v| format!("{v:+.2}")),
@@ -242,6 +259,7 @@ fn load(path: &Path) -> Result<Loaded> {
 
 /// `qpw-emu report FILE.json...`: one table, and a histogram and a CDF per tool.
 pub fn report_cmd(args: &ReportArgs) -> Result<()> {
+    let threshold = crate::validate::float_in("--threshold", &args.threshold, 0.001, 1e7)?;
     let mut rows = Vec::new();
     let mut oslat_series = Vec::new();
     let mut cyclic_series = Vec::new();
@@ -253,16 +271,18 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
         match load(path)? {
             Loaded::Oslat(doc) => {
                 let label = series_label(&stem, &doc.body.qpw);
-                for (t, row) in doc
+                for (t, mut row) in doc
                     .body
                     .thread
                     .0
                     .iter()
                     .zip(Row::from_oslat_all(&stem, &doc))
                 {
+                    let points = t.histogram.points();
+                    count_above(&mut row, &points, threshold, t.duration);
                     oslat_series.push(Series {
                         label: format!("{label} cpu{}", t.cpu),
-                        points: t.histogram.points(),
+                        points,
                     });
                     rows.push(row);
                 }
@@ -271,14 +291,23 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
                 let label = series_label(&stem, &doc.body.qpw);
                 for t in &doc.body.thread.0 {
                     let points = Buckets::points(&t.histogram);
-                    rows.push(Row::build(
+                    let mut row = Row::build(
                         &stem,
                         "cyclictest",
                         &doc.body.qpw,
                         t.cpu,
                         t.max as f64,
                         &points,
-                    ));
+                    );
+                    let interval_s = doc
+                        .body
+                        .qpw
+                        .settings
+                        .as_ref()
+                        .and_then(|s| s.interval_us)
+                        .map_or(0.0, |us| us as f64 / 1e6);
+                    count_above(&mut row, &points, threshold, t.cycles as f64 * interval_s);
+                    rows.push(row);
                     cyclic_series.push(Series {
                         label: format!("{label} cpu{}", t.cpu),
                         points,
@@ -288,6 +317,12 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
         }
     }
     print!("{}", table(&rows, None, None));
+    if rows.iter().any(|r| r.from_threshold) {
+        println!(
+            "interrupt, per s: samples in buckets above {threshold} us (--threshold), for files \
+             without an idle-baseline count of their own"
+        );
+    }
     let out: PathBuf = match &args.out {
         Some(d) => d.clone(),
         None => args
@@ -326,6 +361,22 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
         println!("wrote {}", p.display());
     }
     Ok(())
+}
+
+/// For a file without our interruption count: the samples in buckets whose upper edge is
+/// above `threshold` us, and their rate over `seconds` (when known).
+fn count_above(row: &mut Row, points: &[(f64, u64)], threshold: f64, seconds: f64) {
+    if row.interruptions.is_some() {
+        return;
+    }
+    let count = points
+        .iter()
+        .filter(|p| p.0 > threshold)
+        .map(|p| p.1)
+        .sum::<u64>();
+    row.interruptions = Some(count);
+    row.interruptions_per_s = (seconds > 0.0).then(|| count as f64 / seconds);
+    row.from_threshold = true;
 }
 
 fn series_label(stem: &str, q: &QpwFields) -> String {

@@ -55,6 +55,8 @@ pub struct Setup {
 pub struct Outcome {
     /// The requester's figures.
     pub requester: Option<RequesterReport>,
+    /// The requester's drain-time histogram (for merging runs).
+    pub requester_hist: Option<crate::hist::Histogram>,
     /// The process-context load's figures.
     pub load: LoadReport,
     /// Drains of the target CPU during the run (queued to it or run under its lock).
@@ -114,6 +116,10 @@ impl Setup {
     pub fn finish(self, target: Option<usize>) -> Result<Outcome> {
         self.phase.stop();
         let (requester, load) = self.load.finish()?;
+        let (requester, requester_hist) = match requester {
+            Some((r, h)) => (Some(r), Some(h)),
+            None => (None, None),
+        };
         let after = self.workload.counters();
         let target_drains = target.map_or(0, |cpu| {
             let get = |v: &[CpuCounters]| {
@@ -126,6 +132,7 @@ impl Setup {
         let conservation = self.workload.check_conservation();
         Ok(Outcome {
             requester,
+            requester_hist,
             load,
             target_drains,
             conservation,

@@ -66,6 +66,13 @@ impl Svg {
         );
     }
 
+    fn dot(&mut self, x: f64, y: f64, fill: &str) {
+        let _ = writeln!(
+            self.body,
+            r#"<circle cx="{x:.1}" cy="{y:.1}" r="1.8" fill="{fill}"/>"#
+        );
+    }
+
     fn finish(self) -> String {
         format!(
             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\">\n\
@@ -199,10 +206,11 @@ pub fn histogram(title: &str, series: &[Series]) -> String {
             })
             .collect();
         let color = COLORS[i % COLORS.len()];
-        for &(x, y) in &pts {
-            svg.line(x, y0, x, y, color, 1.0);
-        }
         svg.polyline(&pts, color);
+        // A marker on every bucket, so that lone spikes far out in the tail stay visible.
+        for &(x, y) in &pts {
+            svg.dot(x, y, color);
+        }
     }
     legend(&mut svg, series);
     svg.finish()
