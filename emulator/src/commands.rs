@@ -710,6 +710,7 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
             }
         );
     }
+    let _away = rt::AwayFrom::cpus(&free);
     setup.phase.go();
     let progress = crate::progress::Progress::new("load", duration.unwrap_or(Duration::MAX), quiet);
     let start = std::time::Instant::now();

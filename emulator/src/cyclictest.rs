@@ -95,6 +95,7 @@ struct Control {
 /// Runs the probe; `phase` goes when every thread has started and stops with it.
 pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>) -> Result<CyclicRun> {
     let n = cfg.thread_cpus.len();
+    let _away = crate::rt::AwayFrom::cpus(&cfg.thread_cpus.iter().copied().collect());
     let ctl = Arc::new(Control {
         started: AtomicUsize::new(0),
         go: AtomicBool::new(false),

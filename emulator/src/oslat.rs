@@ -115,6 +115,7 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
     if n == 0 {
         return Err(anyhow!("no CPU to measure"));
     }
+    let _away = crate::rt::AwayFrom::cpus(&cfg.cpus);
     let ctl = Arc::new(Control {
         started: AtomicUsize::new(0),
         go: AtomicBool::new(false),

@@ -114,6 +114,37 @@ pub fn set_fifo(prio: i32) -> Result<(), String> {
     qpw_core::set_current_fifo(prio).map_err(|e| e.to_string())
 }
 
+/// Keeps the calling thread (the run's main thread, which wakes every 50 ms to watch the
+/// clock and draw the progress line) off the measured CPUs, as oslat pins its main thread with
+/// `-C`; the previous affinity comes back on drop.
+#[derive(Debug)]
+#[must_use = "the thread goes back to its old CPUs when the guard is dropped"]
+pub struct AwayFrom {
+    previous: Option<CpuSet>,
+}
+
+impl AwayFrom {
+    /// Moves the calling thread to the allowed CPUs outside `measured` (if there are any).
+    pub fn cpus(measured: &CpuSet) -> Self {
+        let previous = qpw_core::current_affinity().ok();
+        let rest = qpw_core::allowed_cpus()
+            .map(|a| a.difference(measured))
+            .unwrap_or_default();
+        let moved = !rest.is_empty() && qpw_core::set_current_affinity(&rest).is_ok();
+        Self {
+            previous: previous.filter(|_| moved),
+        }
+    }
+}
+
+impl Drop for AwayFrom {
+    fn drop(&mut self) {
+        if let Some(set) = &self.previous {
+            let _ = qpw_core::set_current_affinity(set);
+        }
+    }
+}
+
 /// The ftrace `trace_marker`, when tracing is mounted and writable.
 #[derive(Debug)]
 pub struct TraceMarker {
