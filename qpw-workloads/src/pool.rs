@@ -33,6 +33,13 @@
 //! violation ([`PoolStats::violations`]), and [`BufferPool::check_conservation`] checks that
 //! every allocated buffer is in exactly one place.
 //!
+//! The load ([`hackbench`]) follows `perf bench sched messaging` in threads mode: groups of
+//! senders and receivers, each message a pool buffer from the sender's get to the receiver's
+//! put, each receiver's pipe blocking its senders when it holds [`HACKBENCH_PIPE_MESSAGES`],
+//! and both roles spread over every CPU so that each CPU gets and puts, and buffers freed on
+//! another CPU than the one that took them are common, as they are under the kernel's
+//! scheduler.
+//!
 //! Where we deviate from the 2023 patch, on purpose: the patch decrements the unsigned `hold`
 //! on every cached get, which wraps it to `UINT_MAX` when it is already 0; we saturate at 0. And
 //! the patch caches a put without checking `count` while `hold` is non-zero; the brief's bound
@@ -59,6 +66,9 @@ pub const CONTENTION_STEP: u32 = 3;
 pub const CONTENTION_MAX: u32 = 9;
 /// hackbench's message size (`DATASIZE`, bytes).
 pub const HACKBENCH_DATASIZE: usize = 100;
+/// Messages a receiver's pipe holds before its senders block, as a pipe's writer blocks when
+/// the pipe is full: it bounds the buffers in flight to `receivers x 32` plus one per sender.
+pub const HACKBENCH_PIPE_MESSAGES: usize = 32;
 
 /// Which design a pool is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -1023,6 +1033,7 @@ pub struct HackbenchReport {
 struct Mailbox {
     queue: Mutex<std::collections::VecDeque<(u64, Buffer)>>,
     ready: Condvar,
+    space: Condvar,
 }
 
 #[cfg(not(loom))]
@@ -1070,7 +1081,10 @@ pub fn hackbench(
     let elapsed = thread::scope(|scope| -> Result<Duration, PoolError> {
         let mut handles = Vec::with_capacity(threads);
         for t in 0..threads {
-            let cpu = cpus[t % cpus.len()];
+            // Spread both roles over every CPU (sender k and receiver k on neighbouring
+            // CPUs), as the scheduler spreads hackbench's tasks, so that each CPU both gets
+            // and puts buffers.
+            let cpu = cpus[(t + t / 2) % cpus.len()];
             let (mailboxes, corrupt, start_line, go) = (&mailboxes, &corrupt, &start_line, &go);
             let (group, role, k) = (t / (2 * config.fds), t % 2, (t / 2) % config.fds);
             handles.push(scope.spawn(move || -> Result<(), PoolError> {
@@ -1097,8 +1111,15 @@ pub fn hackbench(
                                 let n = config.datasize.min(b.len());
                                 stamp(tag, &mut b[..n])
                             })?;
+                            // Write into the pipe, blocking while it is full.
                             let mailbox = &mailboxes[first + r];
-                            lock(&mailbox.queue).push_back((tag, buffer));
+                            let mut queue = lock(&mailbox.queue);
+                            while queue.len() >= HACKBENCH_PIPE_MESSAGES {
+                                queue =
+                                    mailbox.space.wait(queue).unwrap_or_else(|e| e.into_inner());
+                            }
+                            queue.push_back((tag, buffer));
+                            drop(queue);
                             mailbox.ready.notify_one();
                         }
                     }
@@ -1110,6 +1131,7 @@ pub fn hackbench(
                             let mut queue = lock(&mailbox.queue);
                             loop {
                                 if let Some(m) = queue.pop_front() {
+                                    mailbox.space.notify_one();
                                     break m;
                                 }
                                 queue =
