@@ -18,7 +18,10 @@
 //! and the thread enters its handler on its way back to user mode. So a thread that wants to be
 //! "the thing running on CPU `c`" (a load thread, a latency-critical task, an idle stand-in)
 //! registers itself with [`CallTarget::register`], and [`call_on`] posts a function to its
-//! mailbox, sends it [`signal()`] with `tgkill`, and spins until the handler has run it.
+//! mailbox, sends it [`signal()`] with `tgkill`, and spins until the handler has run it. A
+//! call not done within 100 us is waiting for the target to get a CPU (on a small machine,
+//! maybe the caller's own): the caller then sleeps on the mailbox's state word (`futex`), and
+//! the handler wakes it, which userspace needs and a kernel IPI does not.
 //!
 //! # Why it is sound
 //!
@@ -62,8 +65,16 @@ const POSTED: u32 = 1;
 const RUNNING: u32 = 2;
 const DONE: u32 = 3;
 
-/// Spins before a waiting caller starts yielding its CPU (the target may share it).
+/// Spins before a thread waiting for a mailbox's `caller` flag starts yielding its CPU.
 const SPINS_BEFORE_YIELD: u32 = 1 << 10;
+
+/// How long a caller spins for its call before it sleeps on the mailbox's state word (an IPI
+/// caller spins in `csd_lock_wait`; a call that takes longer than this is waiting for the
+/// target thread to get a CPU, possibly the caller's own, which spinning would only delay).
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(100);
+
+/// The longest single sleep of a waiting caller: a bound on any missed wake-up.
+const SLEEP_SLICE: Duration = Duration::from_millis(1);
 
 /// A function run on the target: it receives where it runs and the caller's argument.
 pub type CallFn = fn(&CallCtx, *const ());
@@ -153,6 +164,8 @@ struct Mailbox {
     cpu: AtomicUsize,
     /// Held by the one caller using this mailbox (and by the target while it unregisters).
     caller: AtomicBool,
+    /// Set while the caller sleeps on `state` (the handler then wakes it).
+    sleeper: AtomicBool,
     state: AtomicU32,
     func: AtomicUsize,
     arg: AtomicUsize,
@@ -171,6 +184,7 @@ impl Mailbox {
             space: AtomicU64::new(0),
             cpu: AtomicUsize::new(0),
             caller: AtomicBool::new(false),
+            sleeper: AtomicBool::new(false),
             state: AtomicU32::new(IDLE),
             func: AtomicUsize::new(0),
             arg: AtomicUsize::new(0),
@@ -253,10 +267,50 @@ extern "C" fn on_signal(_sig: c_int, _info: *mut libc::siginfo_t, _uctx: *mut li
         let func: CallFn = unsafe { std::mem::transmute::<usize, CallFn>(func) };
         func(&ctx, arg as *const ());
         mailbox.calls.fetch_add(1, Ordering::Relaxed);
-        mailbox.state.store(DONE, Ordering::Release);
+        // SeqCst with the caller's `sleeper` store and `state` load: either it sees DONE
+        // before sleeping, or this sees `sleeper` and wakes it.
+        mailbox.state.store(DONE, Ordering::SeqCst);
+        if mailbox.sleeper.load(Ordering::SeqCst) {
+            futex_wake(&mailbox.state);
+        }
     }
     // SAFETY: as above.
     unsafe { *libc::__errno_location() = saved_errno };
+}
+
+/// `FUTEX_WAIT` on `word` while it holds `expected`, for at most `timeout`.
+/// Async-signal-safe (a bare system call); errors (EAGAIN, EINTR, ETIMEDOUT) all mean
+/// "look again", which every caller does.
+fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `word` is a live, aligned 32-bit atomic (in a static mailbox) and `ts` a valid
+    // relative timeout; FUTEX_WAIT only reads them.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &ts as *const libc::timespec,
+        )
+    };
+}
+
+/// `FUTEX_WAKE` of one waiter on `word`. Async-signal-safe.
+fn futex_wake(word: &AtomicU32) {
+    // SAFETY: `word` is a live, aligned 32-bit atomic in a static mailbox; FUTEX_WAKE does
+    // not touch memory.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        )
+    };
 }
 
 fn install() -> Result<(), CrossCallError> {
@@ -443,7 +497,7 @@ pub struct CallReport {
 }
 
 /// Runs `func(ctx, arg)` on the thread registered for `cpu` in `space`, interrupting it with
-/// [`signal()`], and spins (yielding after a while) until it has run: the kernel's
+/// [`signal()`], and spins (sleeping on the mailbox after 100 us) until it has run: the kernel's
 /// `smp_call_function_single(cpu, func, arg, wait=1)`. If the target has not started the call
 /// after `timeout`, the call is withdrawn and [`CrossCallError::Timeout`] returned; a call
 /// that has started is always waited for.
@@ -519,7 +573,24 @@ pub unsafe fn call_on(
             }
             _ => {}
         }
-        backoff(&mut spins);
+        spins = spins.wrapping_add(1);
+        if spins % 64 != 0 || start.elapsed() < SPIN_BEFORE_SLEEP {
+            std::hint::spin_loop();
+            continue;
+        }
+        // A long wait: the target is not running (it waits for a CPU, maybe this one). Sleep
+        // on the state word rather than burn the CPU; the handler wakes us when it is done.
+        mailbox.sleeper.store(true, Ordering::SeqCst);
+        let now = mailbox.state.load(Ordering::SeqCst);
+        if now != DONE {
+            let left = timeout.saturating_sub(start.elapsed());
+            futex_wait(
+                &mailbox.state,
+                now,
+                left.clamp(Duration::from_micros(1), SLEEP_SLICE),
+            );
+        }
+        mailbox.sleeper.store(false, Ordering::Relaxed);
     }
     let waited = start.elapsed();
     let phys_cpu = usize::try_from(mailbox.last_phys.load(Ordering::Relaxed)).ok();
