@@ -56,7 +56,8 @@
 //!    reordering): the reader's own CPU when it is in the domain; otherwise the thread running on
 //!    a CPU of the domain (housekeeping first) is interrupted with a signal
 //!    ([`qpw_core::cross_call`]) and its async-signal-safe handler does the read (atomics only)
-//!    while the reader spins. A domain CPU with no registered thread gets an idle stand-in.
+//!    while the reader spins (and, past 100 us, sleeps: the target is then waiting for a CPU,
+//!    which a kernel IPI never does). A domain CPU with no registered thread gets an idle stand-in.
 //! 3. **Local** (Peter Newman's fast path): a reader bound inside the domain reads directly;
 //!    any other reader falls back to the workqueue, as the patch does.
 //! 4. **Cached** (per-group rate files): the overflow worker's latest value and rate, with its
