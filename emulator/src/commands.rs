@@ -22,6 +22,7 @@ use crate::workload::WorkloadName;
 
 /// Runs the command line's command.
 pub fn dispatch(cli: Cli) -> Result<()> {
+    rt::default_sigpipe();
     match cli.command {
         None => crate::experiment::run(&crate::experiment::default_args()),
         Some(Command::Run(args)) => crate::experiment::run(&args),

@@ -100,6 +100,8 @@ impl Row {
                 f.us.p99_99,
                 false,
             ),
+            // A file with no histogram (cyclictest without -h): no percentiles to give.
+            None if points.is_empty() => (0, max, f64::NAN, f64::NAN, f64::NAN, true),
             None => {
                 let total: u64 = points.iter().map(|p| p.1).sum();
                 (
@@ -157,6 +159,15 @@ pub fn bucket_quantile(points: &[(f64, u64)], q: f64) -> f64 {
     points.last().map_or(0.0, |p| p.0)
 }
 
+/// A figure with two decimals, or `-` when there is none (NaN).
+fn num(v: f64) -> String {
+    if v.is_nan() {
+        "-".to_string()
+    } else {
+        format!("{v:.2}")
+    }
+}
+
 fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
     v.map_or_else(|| "-".to_string(), f)
 }
@@ -170,7 +181,8 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
     });
     let _ = writeln!(
         s,
-        "\nTarget{cpu}: oslat gaps in us{thr}; requester: drain time in us"
+        "\nTarget{cpu}: oslat gaps or cyclictest wake-up latencies in us{thr}; requester: \
+         drain time in us"
     );
     let _ = writeln!(
         s,
@@ -194,12 +206,12 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         let mark = if r.from_buckets { "*" } else { "" };
         let _ = writeln!(
             s,
-            "{:<14} {:>9.1} {:>7.2} {:>7.2} {:>8.2} {:>10} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+            "{:<14} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
             format!("{}{mark}", r.name),
             r.max_us,
-            r.p99_us,
-            r.p99_9_us,
-            r.p99_99_us,
+            num(r.p99_us),
+            num(r.p99_9_us),
+            num(r.p99_99_us),
             opt(r.interruptions, |v| v.to_string()),
             opt(r.interruptions_per_s, |v| format!("{v:.0}")),
             opt(r.excess_per_drain, |v| format!("{v:+.2}")),
@@ -366,7 +378,7 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
 /// For a file without our interruption count: the samples in buckets whose upper edge is
 /// above `threshold` us, and their rate over `seconds` (when known).
 fn count_above(row: &mut Row, points: &[(f64, u64)], threshold: f64, seconds: f64) {
-    if row.interruptions.is_some() {
+    if row.interruptions.is_some() || points.is_empty() {
         return;
     }
     let count = points

@@ -209,6 +209,15 @@ pub fn catch_sigint() {
     }
 }
 
+/// Restores the default SIGPIPE action, so that `qpw-emu ... | head` ends quietly like other
+/// command-line tools instead of failing to print.
+pub fn default_sigpipe() {
+    // SAFETY: setting a signal's action to the default has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Whether SIGINT or SIGTERM arrived.
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
