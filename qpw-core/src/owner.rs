@@ -49,7 +49,9 @@ use std::ops::{Deref, DerefMut};
 use crossbeam_utils::CachePadded;
 
 use crate::instance::{Binding, Inner};
-use crate::sync::{thread_local, Arc, AtomicU64, MutPtr, Mutex, Ordering, SharedFn, UnsafeCell};
+use crate::sync::{
+    thread_local, Arc, AtomicBool, AtomicU64, MutPtr, Mutex, Ordering, SharedFn, UnsafeCell,
+};
 use crate::work::Worker;
 use crate::{CpuSet, Error, PerCpuWork, Result, WorkCtx};
 
@@ -200,8 +202,9 @@ impl<T> OwnedPerCpu<T> {
         *lock(&slot.owner_label) = thread_label(token);
         match self.shared.inner.bind_current(cpu) {
             Ok(binding) => Ok(Owner {
-                shared: self.shared.clone(),
-                idx,
+                _shared: self.shared.clone(),
+                slot: std::ptr::NonNull::from(&**slot),
+                posted: std::ptr::NonNull::from(slot.mailbox.posted_flag()),
                 _binding: ManuallyDrop::new(binding),
                 _not_send: PhantomData,
             }),
@@ -286,8 +289,14 @@ impl<T> OwnedPerCpu<T> {
 /// The owning thread's handle on one CPU's slot, from [`OwnedPerCpu::claim`]. Neither `Send`
 /// nor `Sync`: it is the owning thread's. Dropping it gives the slot up and unbinds the thread.
 pub struct Owner<T> {
-    shared: Arc<Shared<T>>,
-    idx: usize,
+    /// Keeps the slots (and `slot`, `posted`) alive.
+    _shared: Arc<Shared<T>>,
+    /// `&shared.slots[idx]`, kept so that the hot path does not walk `shared` (each hop is a
+    /// dependent load). Valid as long as `shared` is: the slots are a boxed slice that is
+    /// never reallocated.
+    slot: std::ptr::NonNull<OwnedSlot<T>>,
+    /// The slot's mailbox's posted flag, kept for the same reason.
+    posted: std::ptr::NonNull<AtomicBool>,
     _binding: ManuallyDrop<Binding>,
     _not_send: PhantomData<*const ()>,
 }
@@ -301,9 +310,12 @@ impl<T> fmt::Debug for Owner<T> {
 }
 
 impl<T> Owner<T> {
-    #[inline]
+    #[inline(always)]
     fn slot(&self) -> &OwnedSlot<T> {
-        &self.shared.slots[self.idx]
+        // SAFETY: `slot` points into `self.shared.slots`, which `self.shared` keeps alive and
+        // never moves (a boxed slice inside an `Arc`), and through which only shared
+        // references are made.
+        unsafe { self.slot.as_ref() }
     }
 
     /// The CPU whose slot this is.
@@ -313,11 +325,23 @@ impl<T> Owner<T> {
 
     /// The slot, after running any work waiting for it: no lock word, a borrow flag.
     /// [`Error::AlreadyBorrowed`] only if a guard of the slot was leaked.
-    #[inline]
+    #[inline(always)]
     pub fn lock_local(&mut self) -> Result<OwnedGuard<'_, T>> {
-        if self.slot().mailbox.has_posts() {
+        // SAFETY: `posted` points into the slot's mailbox, which the slot (kept alive by
+        // `_shared`) holds an `Arc` of for its whole life.
+        if unsafe { self.posted.as_ref() }.load(Ordering::Acquire) {
             self.poll();
         }
+        OwnedGuard::new(self.slot())
+    }
+
+    /// The slot, without looking for waiting work first (that is left to the next
+    /// [`poll`](Self::poll) or [`lock_local`](Self::lock_local)): the owner-only access at its
+    /// cheapest, a borrow flag and the data. In a loop of such accesses the compiler may keep
+    /// the data in registers, which the atomic look at the mailbox in `lock_local` prevents.
+    /// [`Error::AlreadyBorrowed`] only if a guard of the slot was leaked.
+    #[inline(always)]
+    pub fn borrow(&mut self) -> Result<OwnedGuard<'_, T>> {
         OwnedGuard::new(self.slot())
     }
 

@@ -58,6 +58,9 @@ struct LocalIndex {
     logical: bool,
     /// CPU id to slot index (`u32::MAX`: not managed).
     index: Box<[u32]>,
+    /// The managed CPUs are `0..n`: the slot index is the CPU, no table look-up (one
+    /// dependent load fewer).
+    identity: bool,
 }
 
 // SAFETY: the `T`s are only reached through a guard, which holds the slot's lock, so a `&PerCpu`
@@ -94,10 +97,15 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
             // Slot counts are bounded by `CpuSet::MAX_CPU`, far below `u32::MAX`.
             index[cpu] = idx as u32;
         }
+        let identity = index
+            .iter()
+            .enumerate()
+            .all(|(cpu, &idx)| idx as usize == cpu);
         let local = LocalIndex {
             id: inner.id,
             logical: inner.logical,
             index: index.into(),
+            identity,
         };
         Self {
             inner,
@@ -179,7 +187,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// The calling thread's CPU and its slot index: its binding, else (physical instances)
     /// where it runs now. The same answer as `Inner::current_cpu` + `Inner::idx`, read from
     /// `self.local`.
-    #[inline]
+    #[inline(always)]
     fn local_slot(&self) -> Result<(usize, usize)> {
         let cpu = match crate::instance::binding() {
             Some((id, cpu)) if id == self.local.id => cpu,
@@ -189,6 +197,9 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
                 None => return Err(self.unbound()),
             },
         };
+        if self.local.identity && cpu < self.slots.len() {
+            return Ok((cpu, cpu));
+        }
         match self.local.index.get(cpu) {
             Some(&idx) if idx != u32::MAX => Ok((cpu, idx as usize)),
             _ => Err(self.unbound()),

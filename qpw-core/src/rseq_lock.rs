@@ -119,6 +119,8 @@ const FENCED: u32 = 3;
 
 /// The CPU of a lock made by [`RseqLock::new`]: no CPU, so every acquisition is fenced.
 const NO_CPU: u32 = u32::MAX;
+/// The CPU of every lock in the fallback: the sequence never commits.
+const FALLBACK_CPU: u32 = u32::MAX - 1;
 
 /// Spins on a busy lock before sleeping. A few: spinning only pays when the holder runs on
 /// another CPU (a migrated holder, or a fenced taker). Under loom one, to keep the model small
@@ -189,7 +191,9 @@ enum Section {
 pub struct RseqLock {
     word: AtomicU32,
     waiters: AtomicU32,
-    /// The physical CPU whose threads may commit plain stores to `word`.
+    /// The physical CPU whose threads may commit plain stores to `word`; `FALLBACK_CPU` in the
+    /// fallback, which no `cpu_id` ever equals, so that the hot path can run the sequence
+    /// first and look at `fallback` only when it fails.
     cpu: u32,
     /// This process uses the `FairLock` protocol ([`RseqLock::kind`]); kept in the lock so
     /// that the hot path reads its own cache line, not a global.
@@ -228,9 +232,10 @@ impl RseqLock {
         self.fallback
     }
 
-    /// The physical CPU this lock belongs to, if any.
+    /// The physical CPU this lock belongs to, if any (none in the fallback, where it does not
+    /// matter).
     pub fn cpu(&self) -> Option<usize> {
-        (self.cpu != NO_CPU).then_some(self.cpu as usize)
+        (self.cpu < FALLBACK_CPU).then_some(self.cpu as usize)
     }
 
     /// One restartable sequence: if the thread runs on the lock's CPU and the word is `FREE`,
@@ -403,8 +408,17 @@ impl RseqLock {
         self.mock.fence();
     }
 
-    /// The contended acquisition: spin briefly, then register as a waiter and sleep.
+    /// Everything but an uncontended acquisition on the lock's CPU.
     #[cold]
+    fn lock_contended(&self) {
+        if self.fallback() {
+            self.fair.lock();
+        } else {
+            self.lock_slow();
+        }
+    }
+
+    /// The contended acquisition: spin briefly, then register as a waiter and sleep.
     fn lock_slow(&self) {
         for _ in 0..SPINS {
             crate::sync::spin_loop();
@@ -510,11 +524,16 @@ unsafe impl RawLocalLock for RseqLock {
     }
 
     fn for_cpu(phys: usize) -> Self {
+        let fallback = !crate::rseq::lock_available();
         Self {
             word: AtomicU32::new(FREE),
             waiters: AtomicU32::new(0),
-            cpu: u32::try_from(phys).unwrap_or(NO_CPU),
-            fallback: !crate::rseq::lock_available(),
+            cpu: if fallback {
+                FALLBACK_CPU
+            } else {
+                u32::try_from(phys).unwrap_or(NO_CPU)
+            },
+            fallback,
             fair: FairLock::new(),
             #[cfg(loom)]
             mock: loom_mock::Cpu::new(),
@@ -523,20 +542,20 @@ unsafe impl RawLocalLock for RseqLock {
 
     #[inline]
     fn lock(&self) {
-        if self.fallback() {
-            return self.fair.lock();
-        }
+        // The sequence first: in the fallback it always answers `WrongCpu` (see `cpu`).
         if self.section_retrying() != Section::Acquired {
-            self.lock_slow();
+            self.lock_contended();
         }
     }
 
     #[inline]
     fn try_lock(&self) -> bool {
-        if self.fallback() {
-            return self.fair.try_lock();
+        match self.section_retrying() {
+            Section::Acquired => true,
+            Section::Busy => false,
+            _ if self.fallback() => self.fair.try_lock(),
+            _ => self.try_fenced(),
         }
-        self.try_once()
     }
 
     #[inline]
@@ -561,15 +580,12 @@ unsafe impl RawLocalLock for RseqLock {
 
     #[inline]
     fn lock_on_current_cpu(&self) -> LocalAttempt {
-        if self.fallback() {
-            self.fair.lock();
-            return LocalAttempt::Locked;
-        }
+        // The sequence first: in the fallback it always answers `WrongCpu` (see `cpu`).
         match self.section_retrying() {
             Section::Acquired => LocalAttempt::Locked,
-            Section::WrongCpu => LocalAttempt::Elsewhere,
-            Section::Busy | Section::Aborted => {
-                self.lock_slow();
+            Section::WrongCpu if !self.fallback() => LocalAttempt::Elsewhere,
+            _ => {
+                self.lock_contended();
                 LocalAttempt::Locked
             }
         }

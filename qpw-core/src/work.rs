@@ -198,11 +198,10 @@ impl Worker {
         })
     }
 
-    /// Whether work may be waiting: set by every post after it pushed, so an item is never
-    /// left behind unseen, and at worst a poll finds nothing to do.
-    #[inline]
-    pub(crate) fn has_posts(&self) -> bool {
-        self.posted.load(Ordering::Acquire)
+    /// The flag every post sets after it pushed, so an item is never left behind unseen (at
+    /// worst a poll finds nothing to do): what an owner checks on its hot path.
+    pub(crate) fn posted_flag(&self) -> &AtomicBool {
+        &self.posted
     }
 
     /// Runs every item queued so far, in the calling thread; returns how many ran. Items
