@@ -286,6 +286,7 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         local_op: setup.as_ref().map(|s| s.local_op()),
         quiet,
         label: "oslat".to_string(),
+        progress_span: None,
     };
     let qpw_desc = setup.as_ref().map(|s| s.qpw.describe());
     let run = oslat::run(&cfg, calibration, &phase);

@@ -198,6 +198,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         calibration,
         quiet,
         cpus,
+        total_chunks: scenarios.len() as u32 * rounds,
+        done: 0,
         scenarios,
         files: Vec::new(),
         notes,
@@ -230,6 +232,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         println!("warning: {w}");
     }
     println!("\nResults: {}", ctx.out.display());
+    println!("  {}", ctx.out.join("summary.json").display());
     for f in &ctx.files {
         println!("  {f}");
     }
@@ -243,6 +246,7 @@ struct Acc {
     workload: WorkloadName,
     rate: f64,
     hist: Histogram,
+    op_hist: Histogram,
     seconds: f64,
     local_ops: u64,
     local_op_errors: u64,
@@ -261,6 +265,7 @@ impl Acc {
             workload,
             rate,
             hist: Histogram::new(GAP_BUCKETS, GAP_WIDTH_NS),
+            op_hist: Histogram::new(GAP_BUCKETS, GAP_WIDTH_NS),
             seconds: 0.0,
             local_ops: 0,
             local_op_errors: 0,
@@ -287,6 +292,9 @@ struct Ctx {
     quiet: bool,
     cpus: Cpus,
     scenarios: Vec<Acc>,
+    /// Scenario rounds done, and to do in all (for the progress line).
+    done: u32,
+    total_chunks: u32,
     files: Vec<String>,
     notes: Vec<String>,
     warnings: Warnings,
@@ -320,6 +328,7 @@ impl Ctx {
             local_op: Some(setup.local_op()),
             quiet: self.quiet,
             label: format!("{} ({}/{})", acc.name, round + 1, self.rounds),
+            progress_span: Some((self.chunk * self.done, self.chunk * self.total_chunks)),
         };
         let phase: std::sync::Arc<Phase> = setup.phase.clone();
         let qpw_desc = setup.qpw.describe();
@@ -334,6 +343,7 @@ impl Ctx {
         };
         let acc = &mut self.scenarios[i];
         acc.hist.merge(&thread.hist);
+        acc.op_hist.merge(&thread.op_hist);
         acc.seconds += thread.duration_s;
         acc.local_ops += thread.local_ops;
         acc.local_op_errors += thread.local_op_errors;
@@ -356,6 +366,7 @@ impl Ctx {
         }
         acc.qpw_desc = qpw_desc;
         acc.rounds += 1;
+        self.done += 1;
         Ok(())
     }
 
@@ -390,6 +401,7 @@ impl Ctx {
                 count,
                 per_second: count as f64 / seconds,
                 baseline_per_second: baseline,
+                during_local_op: acc.op_hist.count_at_least(ns),
                 drains_reaching_target: acc.target_drains,
                 excess_per_drain: (acc.target_drains > 0)
                     .then(|| excess / acc.target_drains as f64),
@@ -427,6 +439,7 @@ impl Ctx {
             threads: vec![crate::oslat::OslatThread {
                 cpu: self.target,
                 hist: acc.hist.clone(),
+                op_hist: acc.op_hist.clone(),
                 duration_s: acc.seconds,
                 local_ops: acc.local_ops,
                 local_op_errors: acc.local_op_errors,
@@ -503,10 +516,16 @@ impl Ctx {
                 ));
             }
             if q.excess_per_drain.unwrap_or(0.0) <= r.excess_per_drain.unwrap_or(0.0) {
+                let in_op = r.during_local_op.unwrap_or(0);
+                let total = r.interruptions.unwrap_or(0).max(1);
                 lines.push(format!(
-                    "{w}: the target saw no more interruptions per drain in queue mode than in \
-                     remote mode: the worker's wake-ups were lost in this machine's own noise \
-                     ({baseline:.0} interruptions/s idle)"
+                    "{w}: in this run the target saw at least as many interruptions per drain in \
+                     remote mode as in queue mode, though no worker of ours runs there in remote \
+                     mode: {in_op} of its {total} interruptions came while the probe was doing \
+                     its own local operation, i.e. waiting for its per-CPU lock (held by the \
+                     requester, which in userspace can itself be preempted or blocked while \
+                     holding it, unlike under a kernel spinlock); the rest is this machine's \
+                     noise ({baseline:.0} interruptions/s idle)"
                 ));
             }
         }

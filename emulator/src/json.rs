@@ -233,6 +233,9 @@ pub struct Interruptions {
     pub per_second: f64,
     /// The idle baseline's rate, per second (its noise).
     pub baseline_per_second: f64,
+    /// Of `count`, the gaps that contained the probe's own local operation: time the
+    /// operation took (waiting for its CPU's lock), not time taken from the probe by others.
+    pub during_local_op: u64,
     /// Drains that reached the target CPU (queued to it or run under its lock).
     pub drains_reaching_target: u64,
     /// (count - baseline rate x seconds) / drains reaching the target.

@@ -63,6 +63,9 @@ pub struct OslatConfig {
     pub quiet: bool,
     /// The progress label.
     pub label: String,
+    /// Of a longer run this probe is part of: how much was done before it, and the whole
+    /// run's length (`None`: the probe is the whole run).
+    pub progress_span: Option<(Duration, Duration)>,
 }
 
 /// One measured CPU's result.
@@ -72,6 +75,8 @@ pub struct OslatThread {
     pub cpu: usize,
     /// Every gap, in nanoseconds.
     pub hist: Histogram,
+    /// The gaps that contained the probe's own local operation (also in `hist`).
+    pub op_hist: Histogram,
     /// How long the thread measured, by its own counter, in seconds.
     pub duration_s: f64,
     /// Local operations done.
@@ -159,7 +164,10 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
         std::thread::sleep(Duration::from_millis(1));
     }
     phase.go();
-    let progress = Progress::new(&cfg.label, cfg.duration, cfg.quiet);
+    let progress = match cfg.progress_span {
+        Some((done, total)) => Progress::part(&cfg.label, done, total, cfg.quiet),
+        None => Progress::new(&cfg.label, cfg.duration, cfg.quiet),
+    };
     let end = std::time::Instant::now() + cfg.duration;
     let mut interrupted = false;
     while std::time::Instant::now() < end && !ctl.stop.load(Ordering::SeqCst) {
@@ -222,6 +230,7 @@ fn thread_main(
         }
     }
     let mut hist = Histogram::new(cfg.bucket_size, cfg.bucket_width_ns);
+    let mut op_hist = Histogram::new(cfg.bucket_size, cfg.bucket_width_ns);
     let threshold = cfg.trace_threshold_ns.map(|ns| cal.from_ns(ns));
     let (op, every) = match &cfg.local_op {
         Some(op) => (
@@ -257,10 +266,17 @@ fn thread_main(
     let start = ticks();
     let mut next_op = start.saturating_add(every);
     let mut prev = start;
+    let mut op_in_gap = false;
     loop {
         let now = ticks();
         let gap = now - prev;
         hist.record(cal.to_ns(gap));
+        // The gaps that contain the probe's own operation, apart: they tell the time the
+        // operation itself took (waiting for its lock) from time taken away by others.
+        if op_in_gap {
+            op_hist.record(cal.to_ns(gap));
+            op_in_gap = false;
+        }
         prev = now;
         if threshold.is_some_and(|t| gap >= t) {
             threshold_crossed(cpu, cal.to_ns(gap), ctl);
@@ -268,6 +284,7 @@ fn thread_main(
         }
         if now >= next_op {
             if let Some(w) = op {
+                op_in_gap = true;
                 match w.process_op() {
                     Ok(()) => local_ops += 1,
                     Err(e) => {
@@ -292,6 +309,7 @@ fn thread_main(
     Ok(OslatThread {
         cpu,
         hist,
+        op_hist,
         duration_s: cal.to_ns(stop - start) as f64 / 1e9,
         local_ops,
         local_op_errors: op_errors,

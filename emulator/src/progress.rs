@@ -16,10 +16,18 @@ pub struct Progress {
 impl Progress {
     /// A display for a phase of `total` length, shown only when it is long enough to need one.
     pub fn new(label: impl Into<String>, total: Duration, quiet: bool) -> Self {
+        Self::part(label, Duration::ZERO, total, quiet)
+    }
+
+    /// A display for one part of a longer run: `done` of the run's `total` is behind us when
+    /// this part starts (the experiment's scenario rounds each show the whole run's progress).
+    pub fn part(label: impl Into<String>, done: Duration, total: Duration, quiet: bool) -> Self {
         Self {
             label: label.into(),
             total,
-            start: Instant::now(),
+            start: Instant::now()
+                .checked_sub(done)
+                .unwrap_or_else(Instant::now),
             enabled: !quiet && total >= Duration::from_secs(2) && std::io::stderr().is_terminal(),
         }
     }

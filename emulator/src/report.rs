@@ -44,6 +44,9 @@ pub struct Row {
     pub interruptions: Option<u64>,
     /// The same, per second.
     pub interruptions_per_s: Option<f64>,
+    /// Of the interruptions, those that contained the probe's own local operation.
+    #[serde(default)]
+    pub during_local_op: Option<u64>,
     /// Interruptions beyond the idle rate, per drain that reached the target.
     pub excess_per_drain: Option<f64>,
     /// Drains that reached the target.
@@ -131,6 +134,7 @@ impl Row {
             from_threshold: false,
             interruptions: i.map(|i| i.count),
             interruptions_per_s: i.map(|i| i.per_second),
+            during_local_op: i.map(|i| i.during_local_op),
             excess_per_drain: i.and_then(|i| i.excess_per_drain),
             target_drains: i.map(|i| i.drains_reaching_target),
             drains: r.map(|r| r.drains),
@@ -186,13 +190,14 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
     );
     let _ = writeln!(
         s,
-        "{:<14} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+        "{:<14} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
         "scenario",
         "max",
         "p99",
         "p99.9",
         "p99.99",
         "interrupt",
+        "in op",
         "per s",
         "per drain",
         "drains",
@@ -201,18 +206,19 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         "max",
         "stalls"
     );
-    let _ = writeln!(s, "{}", "-".repeat(125));
+    let _ = writeln!(s, "{}", "-".repeat(133));
     for r in rows {
         let mark = if r.from_buckets { "*" } else { "" };
         let _ = writeln!(
             s,
-            "{:<14} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+            "{:<14} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
             format!("{}{mark}", r.name),
             r.max_us,
             num(r.p99_us),
             num(r.p99_9_us),
             num(r.p99_99_us),
             opt(r.interruptions, |v| v.to_string()),
+            opt(r.during_local_op, |v| v.to_string()),
             opt(r.interruptions_per_s, |v| format!("{v:.0}")),
             opt(r.excess_per_drain, |v| format!("{v:+.2}")),
             opt(r.drains, |v| v.to_string()),
@@ -220,6 +226,13 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
             opt(r.drain_p99, |v| format!("{v:.1}")),
             opt(r.drain_max, |v| format!("{v:.1}")),
             opt(r.stalls, |v| v.to_string()),
+        );
+    }
+    if rows.iter().any(|r| r.during_local_op.is_some()) {
+        let _ = writeln!(
+            s,
+            "in op: of the interruptions, those in which the probe was doing its own local \
+             operation (waiting for its CPU's lock), not preempted by someone else"
         );
     }
     if rows.iter().any(|r| r.from_buckets) {
