@@ -84,6 +84,33 @@ fn loom_rseq_same_cpu_waiter() {
     });
 }
 
+/// The hand-over: a thread of CPU 0 releases while a waiter of CPU 0 sleeps, then at once
+/// tries to take the lock again (the tight loop that would starve a worker). Either the waiter
+/// had not registered yet, or the release handed the lock to it (`HANDOFF`), which the
+/// releaser's new sequence cannot take; every increment lands once.
+#[test]
+fn loom_rseq_handoff_against_a_retaking_releaser() {
+    loom::model(|| {
+        let counter = Counter::new();
+        migrate_to(Some(0));
+        counter.lock.lock();
+        let waiter = {
+            let counter = counter.clone();
+            thread::spawn(move || {
+                migrate_to(Some(0));
+                counter.increment(None);
+            })
+        };
+        // SAFETY: the lock is held.
+        counter.value.with_mut(|v| unsafe { *v += 1 });
+        // SAFETY: taken above by this thread.
+        unsafe { counter.lock.unlock() };
+        counter.increment(None);
+        waiter.join().unwrap();
+        assert_eq!(counter.value(), 3);
+    });
+}
+
 /// Two threads of CPU 0 race for a free lock: the sequences exclude each other.
 #[test]
 fn loom_rseq_same_cpu_race() {
