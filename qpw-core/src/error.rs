@@ -139,7 +139,7 @@ pub enum Error {
     /// Queued work that did not complete in time: the target CPU's worker did not get to run.
     #[error(
         "work queued on cpu {cpu} has not run after {waited:?} (timeout {timeout:?}): \
-         the CPU's worker did not get the CPU"
+         the CPU's worker did not get the CPU (or, for owner-only state, its owner did not poll)"
     )]
     Stall {
         /// The CPU the work was queued on.
