@@ -46,6 +46,49 @@ fn yield_now() {
 }
 
 #[test]
+fn smoke_rseq_lock_local_and_refusals() {
+    let qpw = Qpw::new(Policy::Queue).unwrap();
+    let counters = qpw.per_cpu_with::<RseqLock, _>(|_| 0u64).unwrap();
+    for _ in 0..1000 {
+        *counters.lock_local().unwrap() += 1;
+        if let Some(mut slot) = counters.try_lock_local().unwrap() {
+            *slot += 1;
+        }
+    }
+    assert!(
+        qpw.describe().contains("RseqLock uses"),
+        "{}",
+        qpw.describe()
+    );
+
+    // Another CPU may take a remote-mode CPU's lock: the rseq lock is refused there.
+    let remote = Qpw::builder()
+        .cpus(qpw_core::CpuSpec::Logical(2))
+        .policy(Policy::RemoteOn("1".parse().unwrap()))
+        .build()
+        .unwrap();
+    let err = remote.per_cpu_with::<RseqLock, _>(|_| 0u64).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LockNeedsQueueMode {
+                cpu: 1,
+                lock: "rseq"
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().starts_with("cpu 1 is in remote mode"),
+        "{err}"
+    );
+    // The fair lock has no such restriction.
+    assert!(remote
+        .per_cpu_with::<qpw_core::FairLock, _>(|_| 0u64)
+        .is_ok());
+}
+
+#[test]
 fn stress_rseq_lock_with_preemption_and_migration() {
     let status = qpw_core::rseq::status();
     println!("rseq status: {status}");
