@@ -547,6 +547,57 @@ pub fn under_load_tables(root: &Path, targets: &[&str]) -> String {
     out
 }
 
+/// The file, beside criterion's estimates of one resctrl benchmark, in which the bench records
+/// how its reads were executed: `worker interrupt direct fallback cached` counts.
+pub fn path_counts_path(root: &Path, path: &str, files: usize) -> PathBuf {
+    root.join(RESCTRL)
+        .join(path)
+        .join(files.to_string())
+        .join("qpw_path_counts.txt")
+}
+
+/// How the reads of one resctrl benchmark ran, as shares: "worker 100 %" and so on.
+fn path_counts_cell(root: &Path, path: &str, files: &str) -> String {
+    let Ok(files) = files.parse::<usize>() else {
+        return "n/a".to_string();
+    };
+    let Ok(text) = std::fs::read_to_string(path_counts_path(root, path, files)) else {
+        return "n/a".to_string();
+    };
+    let counts: Vec<u64> = text
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    if counts.len() != 5 {
+        return "n/a".to_string();
+    }
+    // A local-path fallback is counted as a worker run too: show it once.
+    let counts = [
+        counts[0].saturating_sub(counts[3]),
+        counts[1],
+        counts[2],
+        counts[3],
+        counts[4],
+    ];
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return "n/a".to_string();
+    }
+    [
+        "worker",
+        "interrupt",
+        "direct",
+        "fallback to worker",
+        "cache",
+    ]
+    .iter()
+    .zip(&counts)
+    .filter(|(_, &n)| n > 0)
+    .map(|(name, &n)| format!("{name} {:.0} %", n as f64 * 100.0 / total as f64))
+    .collect::<Vec<_>>()
+    .join(", ")
+}
+
 /// The table of bench 4: per read path, a pass over all files and over the reader's own
 /// domain, as medians and as ratios to the workqueue path, and the setup apart.
 pub fn resctrl_table(root: &Path) -> String {
@@ -569,6 +620,8 @@ pub fn resctrl_table(root: &Path) -> String {
         "÷ workqueue",
         "pass over the reader's own domain",
         "÷ workqueue",
+        "how the 750 reads ran",
+        "how the own-domain reads ran",
     ]);
     for path in RESCTRL_PATHS {
         let a = median_ns(root, RESCTRL, path, Some(&all));
@@ -579,6 +632,8 @@ pub fn resctrl_table(root: &Path) -> String {
             fmt_ratio(a, wq_all),
             fmt_opt(o),
             fmt_ratio(o, wq_own),
+            path_counts_cell(root, path, &all),
+            path_counts_cell(root, path, &own),
         ]);
     }
     let open = median_ns(root, RESCTRL, "open", Some(&all));
@@ -586,6 +641,8 @@ pub fn resctrl_table(root: &Path) -> String {
         "setup: opening 750 files, no read".to_string(),
         fmt_opt(open),
         fmt_ratio(open, wq_all),
+        "-".to_string(),
+        "-".to_string(),
         "-".to_string(),
         "-".to_string(),
     ]);

@@ -26,7 +26,8 @@ use criterion::{BenchmarkId, Criterion, SamplingMode};
 use qpw_benches::{Timing, RESCTRL, RESCTRL_ALL_FILES};
 use qpw_core::CpuSet;
 use qpw_workloads::resctrl::{
-    BandwidthSource, Config, ConstantBandwidth, DomainLayout, Event, Fastcat, ReadPath, Resctrl,
+    BandwidthSource, Config, ConstantBandwidth, DomainLayout, Event, Fastcat, PathCounts, ReadPath,
+    Resctrl,
 };
 
 /// At most this many domains (seed 002's machine view had ten).
@@ -49,6 +50,29 @@ fn layout() -> (DomainLayout, usize) {
             cpus_per_domain: 1,
         };
         (layout, 2)
+    }
+}
+
+/// Saves how the reads of one benchmark were executed (worker hop, interrupt, direct, local
+/// fallback to the workqueue, cache), beside criterion's estimates, for the `ratios` report.
+fn record_path_counts(path: ReadPath, files: usize, counts: &PathCounts) {
+    let line = format!(
+        "{} {} {} {} {}\n",
+        counts.worker_runs,
+        counts.interrupts,
+        counts.reader_direct,
+        counts.local_fallbacks,
+        counts.cached
+    );
+    eprintln!("{RESCTRL}/{path}/{files}: worker interrupt direct fallback cached = {line}");
+    let file = qpw_benches::path_counts_path(&qpw_benches::criterion_dir(), path.name(), files);
+    if let Some(dir) = file.parent() {
+        if std::fs::create_dir_all(dir)
+            .and_then(|()| std::fs::write(&file, line))
+            .is_err()
+        {
+            eprintln!("could not record the path counts in {}", file.display());
+        }
     }
 }
 
@@ -139,6 +163,7 @@ pub(crate) fn bench(c: &mut Criterion) {
             resctrl.set_read_path(path);
             for files in [&all_files, &own_files] {
                 let cat = Fastcat::open(resctrl, files).expect("open the files");
+                resctrl.reset_stats();
                 group.bench_with_input(BenchmarkId::new(path.name(), files.len()), &(), |b, _| {
                     b.iter_custom(|iters| {
                         (0..iters)
@@ -153,6 +178,7 @@ pub(crate) fn bench(c: &mut Criterion) {
                             .sum::<Duration>()
                     })
                 });
+                record_path_counts(path, files.len(), &resctrl.path_counts());
             }
         }
         stop.store(true, Ordering::Relaxed);
