@@ -412,6 +412,95 @@ pub fn local_table(root: &Path) -> String {
     table.finish()
 }
 
+/// A small log-log SVG of bench 2: whole-drain median against the CPU count, queue mode
+/// (solid) and remote mode (dashed), one colour per cache. Hand-written, since criterion's own
+/// plots need its `plotters` feature.
+pub fn drain_svg(root: &Path) -> String {
+    const W: f64 = 640.0;
+    const H: f64 = 400.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 150.0;
+    const TOP: f64 = 20.0;
+    const BOTTOM: f64 = 50.0;
+    // y from 100 ns to 10 ms, x from 1 to 128 CPUs, both logarithmic.
+    let (y_lo, y_hi) = (2.0f64, 7.0f64);
+    let x_at = |n: usize| LEFT + (n as f64).log2() / 7.0 * (W - LEFT - RIGHT);
+    let y_at = |ns: f64| {
+        let v = ns.log10().clamp(y_lo, y_hi);
+        TOP + (y_hi - v) / (y_hi - y_lo) * (H - TOP - BOTTOM)
+    };
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(out, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+    for (i, label) in ["100 ns", "1 µs", "10 µs", "100 µs", "1 ms", "10 ms"]
+        .iter()
+        .enumerate()
+    {
+        let y = y_at(10f64.powi(2 + i as i32));
+        let _ = writeln!(
+            out,
+            r##"<line x1="{LEFT}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{label}</text>"##,
+            W - RIGHT,
+            LEFT - 6.0,
+            y + 4.0
+        );
+    }
+    for n in DRAIN_CPUS {
+        let x = x_at(n);
+        let _ = writeln!(
+            out,
+            r##"<line x1="{x:.1}" y1="{TOP}" x2="{x:.1}" y2="{:.1}" stroke="#eee"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{n}</text>"##,
+            H - BOTTOM,
+            H - BOTTOM + 16.0
+        );
+    }
+    let _ = writeln!(
+        out,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">CPUs (logical, on 2 cores): whole drain, median</text>"#,
+        (LEFT + W - RIGHT) / 2.0,
+        H - 12.0
+    );
+    let series = [
+        (DRAIN_COUNTER, "counter", "#1f77b4"),
+        (DRAIN_MEMCG, "memcg", "#d62728"),
+        (DRAIN_LRU, "lru", "#2ca02c"),
+    ];
+    let mut legend_y = TOP + 10.0;
+    for (group, name, colour) in series {
+        for (mode, dash) in [("queue", ""), ("remote", r#" stroke-dasharray="6 4""#)] {
+            let points: Vec<String> = DRAIN_CPUS
+                .iter()
+                .filter_map(|&n| {
+                    median_ns(root, group, mode, Some(&n.to_string()))
+                        .map(|ns| format!("{:.1},{:.1}", x_at(n), y_at(ns)))
+                })
+                .collect();
+            if points.is_empty() {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                r#"<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="{}"/>"#,
+                points.join(" ")
+            );
+            let lx = W - RIGHT + 10.0;
+            let _ = writeln!(
+                out,
+                r#"<line x1="{lx:.1}" y1="{legend_y:.1}" x2="{:.1}" y2="{legend_y:.1}" stroke="{colour}" stroke-width="2"{dash}/><text x="{:.1}" y="{:.1}">{name} {mode}</text>"#,
+                lx + 24.0,
+                lx + 30.0,
+                legend_y + 4.0
+            );
+            legend_y += 18.0;
+        }
+    }
+    let _ = writeln!(out, "</svg>");
+    out
+}
+
 /// The nominal clock of the first CPU in MHz (`cpu MHz` in `/proc/cpuinfo`), to turn our
 /// nanoseconds into rough cycles beside the kernel's cycle counts. In a VM this is the host's
 /// nominal frequency, not a measured one: the cycle columns are estimates.

@@ -1,8 +1,10 @@
 //! Prints the Markdown tables of `docs/results.md` from criterion's saved estimates.
 //!
 //! ```sh
-//! CARGO_TARGET_DIR=/work/target-bench cargo run -p qpw-benches --bin ratios [CRITERION_DIR]
+//! CARGO_TARGET_DIR=/work/target-bench cargo run -p qpw-benches --bin ratios [--svg FILE] [CRITERION_DIR]
 //! ```
+//!
+//! `--svg FILE` also writes a log-log plot of the drain-all sweep (bench 2) to `FILE`.
 //!
 //! The directory defaults to `$CRITERION_HOME`, else `$CARGO_TARGET_DIR/criterion`, else
 //! `target/criterion`. A benchmark with no saved estimate shows as "not measured".
@@ -12,14 +14,26 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use qpw_benches::{
-    criterion_dir, drain_table, local_table, machine_description, pool_table, resctrl_table,
-    under_load_tables, DRAIN_COUNTER, DRAIN_LRU, DRAIN_MEMCG,
+    criterion_dir, drain_svg, drain_table, local_table, machine_description, pool_table,
+    resctrl_table, under_load_tables, DRAIN_COUNTER, DRAIN_LRU, DRAIN_MEMCG,
 };
 
 fn main() {
-    let root = std::env::args_os()
-        .nth(1)
-        .map_or_else(criterion_dir, PathBuf::from);
+    let mut args = std::env::args_os().skip(1);
+    let mut svg = None;
+    let mut root = None;
+    while let Some(arg) = args.next() {
+        if arg == "--svg" {
+            let Some(file) = args.next() else {
+                eprintln!("Error: --svg needs a file name");
+                std::process::exit(2);
+            };
+            svg = Some(PathBuf::from(file));
+        } else {
+            root = Some(PathBuf::from(arg));
+        }
+    }
+    let root = root.unwrap_or_else(criterion_dir);
     if !root.is_dir() {
         eprintln!(
             "Error: no criterion results in {}: run `cargo bench -p qpw-benches` first, or pass the directory",
@@ -53,6 +67,12 @@ fn main() {
     let _ = writeln!(out, "{}", resctrl_table(&root));
     let _ = writeln!(out, "### 5. Buffer pool (group `pool`)\n");
     let _ = write!(out, "{}", pool_table(&root));
+    if let Some(file) = svg {
+        if let Err(e) = std::fs::write(&file, drain_svg(&root)) {
+            eprintln!("Error: cannot write {}: {e}", file.display());
+            std::process::exit(1);
+        }
+    }
     // A closed pipe (`| head`) is not an error worth a panic.
     let _ = std::io::stdout().lock().write_all(out.as_bytes());
 }
