@@ -131,6 +131,60 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
     ),
 ];
 
+/// Group of issue 7's rseq fast-path bench (`benches/rseq.rs`).
+pub const RSEQ_FAST_PATHS: &str = "rseq_fast_paths";
+
+/// The benchmarks of [`RSEQ_FAST_PATHS`], in report order.
+pub const RSEQ_IDS: &[(&str, &str)] = &[
+    ("tls_cell", "baseline: bare thread-local `Cell` increment"),
+    ("atomic_lock", "baseline: bare CAS lock + increment"),
+    ("rseq_cpu", "baseline: bare rseq `cpu_id` read"),
+    (
+        "rseq_lock",
+        "bare `RseqLock` of the caller's pinned CPU + increment",
+    ),
+    (
+        "percpu_rseq_unbound",
+        "`PerCpu<u64, RseqLock>::lock_local` + increment, unbound",
+    ),
+    (
+        "percpu_fair_unbound",
+        "`PerCpu<u64>` (FairLock) `lock_local` + increment, unbound",
+    ),
+    (
+        "owner_local",
+        "`Owner::lock_local` + increment (owner-only)",
+    ),
+];
+
+/// The table of issue 7's group: medians and ratios to its three baselines, and to the sum
+/// `rseq_cpu + atomic_lock` its acceptance names.
+pub fn rseq_table(root: &Path) -> String {
+    let get = |id: &str| median_ns(root, RSEQ_FAST_PATHS, id, None);
+    let (tls, atomic, cpu) = (get("tls_cell"), get("atomic_lock"), get("rseq_cpu"));
+    let cpu_plus_atomic = cpu.zip(atomic).map(|(a, b)| a + b);
+    let mut table = Table::new(&[
+        "bench",
+        "what",
+        "median",
+        "÷ thread-local",
+        "÷ atomic lock",
+        "÷ (rseq_cpu + atomic lock)",
+    ]);
+    for &(id, what) in RSEQ_IDS {
+        let m = get(id);
+        table.row(&[
+            format!("`{id}`"),
+            what.to_string(),
+            fmt_opt(m),
+            fmt_ratio(m, tls),
+            fmt_ratio(m, atomic),
+            fmt_ratio(m, cpu_plus_atomic),
+        ]);
+    }
+    table.finish()
+}
+
 /// Group of bench 2 for a per-CPU counter made with qpw-core only.
 pub const DRAIN_COUNTER: &str = "drain_counter";
 /// Group of bench 2 for the memcg stock (`drain_all_stock`).
