@@ -99,7 +99,7 @@ pub struct RunArgs {
         allow_hyphen_values = true
     )]
     pub duration: String,
-    /// Results folder (default: ./results/<timestamp>).
+    /// Results folder (default: ./results/TIMESTAMP).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Workloads, comma-separated: lru, memcg, slub, pcp, counter (default: lru,memcg,slub).

@@ -10,8 +10,32 @@
 //! | `qpw-emu resctrl`, `qpw-emu pool` | the resctrl read paths and the buffer-pool designs side by side |
 //! | `qpw-emu report FILE.json...` | tables and SVG plots from saved results |
 //!
-//! The binary's `main` only prints `Error: {e:#}` and sets the exit code; every option reaches the commands
-//! as text and is validated there, with errors that quote the flag and its legal range.
+//! # Reading the default experiment's table
+//!
+//! One row per scenario, all measured on the same target CPU in one run, interleaved in rounds:
+//!
+//! - **target** (left): the oslat probe's gaps on the target CPU: max, p99, p99.9, p99.99 (in-range
+//!   percentiles are bucket upper edges, 100 ns wide; tail ones exact); *interrupt*: gaps at or
+//!   above a threshold derived from the idle baseline (2 x its p99.99, at least 1 us); *in op*:
+//!   of those, the ones that contained the probe's own local operation (waiting for its CPU's
+//!   lock rather than being preempted); *per s*; *per drain*: (interruptions - idle rate x
+//!   seconds) / drains that reached the target;
+//! - **requester** (right): drains done at the fixed rate, drain time p50, p99, max, and
+//!   *stalls* (drains whose queued work did not finish within the 1 s timeout).
+//!
+//! Without isolated CPUs the machine's noise is in every figure, so the modes are compared as
+//! ratios and counts within the run; the notes under the table say so, and say why when a
+//! difference does not show.
+//!
+//! # Shape
+//!
+//! The binary's `main` only prints `Error: {e:#}` and sets the exit code; every option reaches
+//! the commands as text and is validated there, with errors that quote the flag and its legal
+//! range. One module per concern: the probes ([`oslat`], [`cyclictest`]), their clock
+//! ([`clock`]), histograms ([`hist`]), the real-time setup and its warnings ([`rt`]), the load
+//! ([`load`], [`scenario`]), the built-in minimal workload ([`counter`]), one exporter per
+//! format ([`json`], [`svg`], [`report`]), and the commands ([`commands`], [`experiment`],
+//! [`figures`]).
 
 #![warn(unsafe_op_in_unsafe_fn)]
 

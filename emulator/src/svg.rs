@@ -1,7 +1,7 @@
 //! Two plots, written as plain SVG (no plotting dependency): a latency histogram with a log
 //! count axis, and a CDF; both with a log latency axis and one series per mode (or file).
 //!
-//! The SVG is built from typed elements through one small writer, [`Svg`], which escapes
+//! The SVG is built from typed elements through one small private writer, `Svg`, which escapes
 //! every piece of text it is given.
 
 use std::fmt::Write;
