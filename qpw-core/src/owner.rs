@@ -90,8 +90,11 @@ struct OwnedSlot<T> {
     owner: AtomicU64,
     /// The owner's label, for errors.
     owner_label: Mutex<String>,
-    /// Whether a guard of the slot is alive. Touched only by the owning thread.
-    borrowed: Cell<bool>,
+    /// Whether a guard of the slot is alive (0 or 1). Touched only by the owning thread. A
+    /// word rather than a `bool`: on the development machine (AMD EPYC) a byte flag stored and
+    /// re-read on every access cost the owner's path 1.6 ns instead of 0.7 ns, apparently by
+    /// defeating the CPU's zero-latency forwarding of a store to the next load.
+    borrowed: Cell<usize>,
     data: UnsafeCell<T>,
     /// Where the CPU's work is posted; the owner empties it.
     mailbox: crate::sync::Arc<Worker>,
@@ -167,7 +170,7 @@ impl<T> OwnedPerCpu<T> {
                     cpu,
                     owner: AtomicU64::new(NOBODY),
                     owner_label: Mutex::new(String::new()),
-                    borrowed: Cell::new(false),
+                    borrowed: Cell::new(0),
                     data: UnsafeCell::new(init(cpu)),
                     mailbox: Worker::mailbox(cpu, phys),
                 })
@@ -375,7 +378,7 @@ impl<'a, T> OwnedGuard<'a, T> {
     /// Borrows `slot`; the caller is its owning thread.
     #[inline]
     fn new(slot: &'a OwnedSlot<T>) -> Result<Self> {
-        if slot.borrowed.replace(true) {
+        if slot.borrowed.replace(1) != 0 {
             return Err(Error::AlreadyBorrowed { cpu: slot.cpu });
         }
         Ok(Self {
@@ -418,7 +421,7 @@ impl<T> Drop for OwnedGuard<'_, T> {
         // SAFETY: dropped exactly once, here, before the flag is cleared, so that loom sees the
         // access end while the slot is still borrowed.
         unsafe { ManuallyDrop::drop(&mut self.ptr) };
-        self.slot.borrowed.set(false);
+        self.slot.borrowed.set(0);
     }
 }
 
