@@ -57,7 +57,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "  drain_all: queued to {}, run remotely on {}, in {elapsed:?}",
             report.queued, report.ran_remote
         );
-        assert_eq!(global.load(Ordering::Relaxed), filled, "every page drained once");
+        assert_eq!(
+            global.load(Ordering::Relaxed),
+            filled,
+            "every page drained once"
+        );
         println!("  {filled} pages drained, none lost\n");
     }
     Ok(())
