@@ -162,26 +162,13 @@ fn thread_main(
     cfg: &CyclicConfig,
     ctl: &Control,
 ) -> Result<CyclicThread> {
-    let _binding = match &cfg.local_op {
-        Some(op) => Some(
-            op.qpw
-                .bind_current(cpu)
-                .with_context(|| format!("cannot bind cyclictest thread {index} to cpu {cpu}"))?,
-        ),
-        None => {
-            qpw_core::pin_current_thread(cpu)
-                .with_context(|| format!("cannot pin cyclictest thread {index} to cpu {cpu}"))?;
-            None
-        }
-    };
-    if let Some(prio) = cfg.prio {
-        if let Err(e) = crate::rt::set_fifo(prio) {
-            ctl.warnings
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(format!("cyclictest thread {index} runs SCHED_OTHER: {e}"));
-        }
-    }
+    let _binding = crate::rt::enter_probe_cpu(
+        cfg.local_op.as_ref().map(|op| &*op.qpw),
+        cpu,
+        cfg.prio,
+        &format!("cyclictest thread {index}"),
+        &ctl.warnings,
+    )?;
     let mut t = CyclicThread {
         cpu,
         hist: Histogram::new(cfg.hist_buckets.max(1), 1000),

@@ -209,26 +209,13 @@ fn thread_main(
     ctl: &Control,
 ) -> Result<OslatThread> {
     // Pin (and, with a workload, register with its instance so the local lock knows our CPU).
-    let _binding = match &cfg.local_op {
-        Some(op) => Some(
-            op.qpw
-                .bind_current(cpu)
-                .with_context(|| format!("cannot bind the probe to cpu {cpu}"))?,
-        ),
-        None => {
-            qpw_core::pin_current_thread(cpu)
-                .with_context(|| format!("cannot pin the probe to cpu {cpu}"))?;
-            None
-        }
-    };
-    if let Some(prio) = cfg.rtprio {
-        if let Err(e) = crate::rt::set_fifo(prio) {
-            ctl.warnings
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(format!("probe on cpu {cpu} runs SCHED_OTHER: {e}"));
-        }
-    }
+    let _binding = crate::rt::enter_probe_cpu(
+        cfg.local_op.as_ref().map(|op| &*op.qpw),
+        cpu,
+        cfg.rtprio,
+        "the probe",
+        &ctl.warnings,
+    )?;
     let mut hist = Histogram::new(cfg.bucket_size, cfg.bucket_width_ns);
     let mut op_hist = Histogram::new(cfg.bucket_size, cfg.bucket_width_ns);
     let threshold = cfg.trace_threshold_ns.map(|ns| cal.from_ns(ns));

@@ -297,3 +297,38 @@ pub fn local_time(format: &str) -> String {
 pub fn rt_timestamp() -> String {
     local_time("%a, %d %b %Y %H:%M:%S %z")
 }
+
+/// Puts a probe thread on `cpu`, the step oslat and cyclictest share: registered with the
+/// workload's instance when the probe does local operations (so its local lock knows the CPU),
+/// else merely pinned; then `SCHED_FIFO` at `prio` when asked, a refusal being recorded in
+/// `warnings` rather than failing the run. `who` names the thread in messages. Keep the binding
+/// for as long as the thread measures.
+pub fn enter_probe_cpu(
+    qpw: Option<&qpw_core::Qpw>,
+    cpu: usize,
+    prio: Option<i32>,
+    who: &str,
+    warnings: &std::sync::Mutex<Vec<String>>,
+) -> anyhow::Result<Option<qpw_core::Binding>> {
+    use anyhow::Context as _;
+    let binding = match qpw {
+        Some(qpw) => Some(
+            qpw.bind_current(cpu)
+                .with_context(|| format!("cannot bind {who} to cpu {cpu}"))?,
+        ),
+        None => {
+            qpw_core::pin_current_thread(cpu)
+                .with_context(|| format!("cannot pin {who} to cpu {cpu}"))?;
+            None
+        }
+    };
+    if let Some(prio) = prio {
+        if let Err(e) = set_fifo(prio) {
+            warnings
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(format!("{who} on cpu {cpu} runs SCHED_OTHER: {e}"));
+        }
+    }
+    Ok(binding)
+}
