@@ -126,13 +126,24 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// it, since the lock is real either way.
     #[inline]
     pub fn lock_local(&self) -> Result<PerCpuGuard<'_, T, L>> {
+        let (cpu, idx) = self.local_slot()?;
+        let slot = &self.slots[idx];
+        if slot.lock.lock_on_current_cpu() == LocalAttempt::Locked {
+            return Ok(PerCpuGuard::new(slot, cpu));
+        }
+        self.lock_local_migrated()
+    }
+
+    /// `lock_local` after the thread turned out to run elsewhere than the CPU it read (only a
+    /// lock that checks where the thread runs, such as [`RseqLock`](crate::RseqLock), says
+    /// so): take the new CPU's lock instead. A thread that keeps moving (or is bound to a CPU
+    /// it no longer runs on) ends with a plain `lock`, which such a lock takes from anywhere,
+    /// only more slowly. Out of line, so that the fast path stays small.
+    #[cold]
+    #[inline(never)]
+    fn lock_local_migrated(&self) -> Result<PerCpuGuard<'_, T, L>> {
         let (mut cpu, mut idx) = self.local_slot()?;
-        // A lock that checks where the thread runs ([`RseqLock`](crate::RseqLock)) may find it
-        // has migrated since its CPU was read: then take the new CPU's lock instead. A thread
-        // that keeps moving (or is bound to a CPU it no longer runs on) ends with a plain
-        // `lock`, which such a lock takes from anywhere, only more slowly. For every other
-        // lock the first attempt always succeeds and the loop folds away.
-        for _ in 0..MIGRATION_RETRIES {
+        for _ in 1..MIGRATION_RETRIES {
             let slot = &self.slots[idx];
             if slot.lock.lock_on_current_cpu() == LocalAttempt::Locked {
                 return Ok(PerCpuGuard::new(slot, cpu));

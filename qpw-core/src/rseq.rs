@@ -107,31 +107,47 @@ fn thread_pointer() -> Option<*const u8> {
 #[cfg(not(loom))]
 #[inline(always)]
 pub(crate) fn area() -> Option<*const u8> {
-    let offset = OFFSET.load(Ordering::Relaxed);
-    if offset > OFFSET_NONE {
-        // `wrapping_offset`: the sum is a thread-local address, not derived from an allocation
-        // Rust knows about.
-        return Some(thread_pointer()?.wrapping_offset(offset));
+    let area = AREA.with(std::cell::Cell::get);
+    if area.addr() > NO_AREA {
+        return Some(area);
     }
-    if offset == OFFSET_UNKNOWN {
+    if area.is_null() {
         return area_slow();
     }
     None
 }
 
 #[cfg(not(loom))]
+thread_local! {
+    /// The calling thread's `struct rseq` once looked up (null before, `NO_AREA` when there is
+    /// none): on the hot path one load relative to the thread pointer, where the sum of the
+    /// thread pointer and the process-wide offset would be three.
+    static AREA: std::cell::Cell<*const u8> = const { std::cell::Cell::new(std::ptr::null()) };
+}
+
+/// [`AREA`]'s value when glibc registered no area.
+#[cfg(not(loom))]
+const NO_AREA: usize = 1;
+
+#[cfg(not(loom))]
 #[cold]
 fn area_slow() -> Option<*const u8> {
-    let offset = match lookup() {
-        Ok((offset, _size)) => offset,
-        Err(_) => OFFSET_NONE,
-    };
-    OFFSET.store(offset, Ordering::Relaxed);
-    if offset > OFFSET_NONE {
-        Some(thread_pointer()?.wrapping_offset(offset))
-    } else {
-        None
+    let mut offset = OFFSET.load(Ordering::Relaxed);
+    if offset == OFFSET_UNKNOWN {
+        offset = match lookup() {
+            Ok((offset, _size)) => offset,
+            Err(_) => OFFSET_NONE,
+        };
+        OFFSET.store(offset, Ordering::Relaxed);
     }
+    // `wrapping_offset`: the sum is a thread-local address, not derived from an allocation
+    // Rust knows about.
+    let area = (offset > OFFSET_NONE)
+        .then(thread_pointer)
+        .flatten()
+        .map(|tp| tp.wrapping_offset(offset));
+    AREA.with(|cell| cell.set(area.unwrap_or(std::ptr::without_provenance(NO_AREA))));
+    area
 }
 
 /// Looks up glibc's `__rseq_offset` and `__rseq_size`: the offset, or why there is none.

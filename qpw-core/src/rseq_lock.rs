@@ -263,8 +263,9 @@ impl RseqLock {
         // points to this lock's `AtomicU32`, live for `&self`; the sequence's 4-byte `mov`
         // load and store are single-copy atomic, and the protocol (module docs) guarantees no
         // other store to the word can race with the committing store. (5) No stack is used;
-        // flags are clobbered (declared by default); the sequence falls through or jumps to
-        // label 9 on every path, with `outcome` set.
+        // flags are clobbered (declared by default); every path ends at label 9 with
+        // `outcome` set: the commit falls through to it, and the out-of-line exits (in
+        // `__rseq_failure`, outside the sequence's range like the abort handler) jump back.
         unsafe {
             std::arch::asm!(
                 // The descriptor the kernel consults on preemption.
@@ -274,6 +275,8 @@ impl RseqLock {
                 ".long 0, 0",
                 ".quad 4f, (5f - 4f), 6f",
                 ".popsection",
+                // The outcome if the sequence commits; the other exits overwrite it.
+                "xor {out:e}, {out:e}",
                 // Arm it: rseq->rseq_cs = &descriptor.
                 "lea {tmp}, [rip + 3b]",
                 "mov qword ptr [{area} + 8], {tmp}",
@@ -286,18 +289,17 @@ impl RseqLock {
                 "jne 8f",
                 // Commit: the last instruction of the sequence.
                 "mov dword ptr [{word}], 1",
-                // post_commit_ip.
+                // post_commit_ip: the fast path falls through to the end.
                 "5:",
-                "xor {out:e}, {out:e}",
-                "jmp 9f",
+                // The other exits, out of line, and the abort handler with the signature just
+                // before it.
+                ".pushsection __rseq_failure, \"ax\"",
                 "7:",
                 "mov {out:e}, 2",
                 "jmp 9f",
                 "8:",
                 "mov {out:e}, 1",
                 "jmp 9f",
-                // The abort handler, with the signature just before it.
-                ".pushsection __rseq_failure, \"ax\"",
                 ".byte 0x0f, 0xb9, 0x3d",
                 ".long 0x53053053",
                 "6:",
@@ -408,13 +410,32 @@ impl RseqLock {
         self.mock.fence();
     }
 
-    /// Everything but an uncontended acquisition on the lock's CPU.
+    /// Everything but an uncontended acquisition on the lock's CPU: an aborted sequence is
+    /// run again, and a busy lock (or one of another CPU) is waited for.
     #[cold]
     fn lock_contended(&self) {
         if self.fallback() {
             self.fair.lock();
-        } else {
+        } else if self.section_retrying() != Section::Acquired {
             self.lock_slow();
+        }
+    }
+
+    /// `lock_on_current_cpu` after its first sequence failed: `Elsewhere` when the thread
+    /// runs on another CPU, else the lock, waited for if need be.
+    #[cold]
+    fn lock_on_current_cpu_slow(&self) -> LocalAttempt {
+        if self.fallback() {
+            self.fair.lock();
+            return LocalAttempt::Locked;
+        }
+        match self.section_retrying() {
+            Section::Acquired => LocalAttempt::Locked,
+            Section::WrongCpu => LocalAttempt::Elsewhere,
+            _ => {
+                self.lock_slow();
+                LocalAttempt::Locked
+            }
         }
     }
 
@@ -543,7 +564,7 @@ unsafe impl RawLocalLock for RseqLock {
     #[inline]
     fn lock(&self) {
         // The sequence first: in the fallback it always answers `WrongCpu` (see `cpu`).
-        if self.section_retrying() != Section::Acquired {
+        if self.section() != Section::Acquired {
             self.lock_contended();
         }
     }
@@ -581,14 +602,10 @@ unsafe impl RawLocalLock for RseqLock {
     #[inline]
     fn lock_on_current_cpu(&self) -> LocalAttempt {
         // The sequence first: in the fallback it always answers `WrongCpu` (see `cpu`).
-        match self.section_retrying() {
-            Section::Acquired => LocalAttempt::Locked,
-            Section::WrongCpu if !self.fallback() => LocalAttempt::Elsewhere,
-            _ => {
-                self.lock_contended();
-                LocalAttempt::Locked
-            }
+        if self.section() == Section::Acquired {
+            return LocalAttempt::Locked;
         }
+        self.lock_on_current_cpu_slow()
     }
 }
 
