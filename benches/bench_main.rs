@@ -3,8 +3,7 @@
 //!
 //! | module | bench (issue 6) | groups |
 //! |---|---|---|
-//! | [`local`] | 1. the local fast path against a bare thread-local and a bare atomic lock | `local` |
-//! | [`rseq`] | 1 (issue 7). the rseq fast paths next to their baselines | `rseq_fast_paths` |
+//! | [`local`] | 1. the local fast path against a bare thread-local and a bare atomic lock, with issue 7's rseq and owner-only paths | `local` |
 //! | [`drain`] | 2. one requester draining every CPU, queue vs remote, 1-128 CPUs | `drain_counter`, `drain_memcg`, `drain_lru` |
 //! | [`under_load`] | 3. drains while every CPU loops its fast path, and the fast path while drains happen | `under_load_drain`, `under_load_fastpath` |
 //! | [`resctrl`] | 4. a pass over 750 counter files per read path, and the setup apart | `resctrl` |
@@ -33,7 +32,6 @@ mod drain;
 mod local;
 mod pool;
 mod resctrl;
-mod rseq;
 mod under_load;
 
 fn config() -> Criterion {
@@ -47,7 +45,7 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = local::bench, rseq::bench, drain::bench, under_load::bench, resctrl::bench, pool::bench
+    targets = local::bench, drain::bench, under_load::bench, resctrl::bench, pool::bench
 }
 criterion_main!(benches);
 

@@ -3,6 +3,16 @@
 //! increment (what the kernel's non-RT `local_lock` costs: nothing but the access) and a bare
 //! uncontended atomic lock (what PREEMPT_RT pays).
 //!
+//! Issue 7's fast paths are here too, each with the baseline its acceptance names, so that
+//! the ratios come from one run (`qpw_benches::FAST_PATH_BOUNDS` lists them; the `ratios`
+//! report checks them):
+//!
+//! | bench | compared with | bound |
+//! |---|---|---|
+//! | `percpu_rseq_unbound`: `PerCpu<_, RseqLock>::lock_local` + increment + unlock, unbound thread | `rseq_cpu_atomic_lock`: the bare rseq `cpu_id` read choosing one of per-CPU bare atomic locks | 1.3x |
+//! | `rseq_lock`: a bare `RseqLock` of the (pinned) caller's CPU + increment | `atomic_lock` | 1.0x |
+//! | `percpu_owner`: `Owner::lock_local` + increment (owner-only policy) | `tls_cell` | 1.5x |
+//!
 //! Every bench times a plain loop of `iters` calls, each result through one `black_box`
 //! (`iter_custom` + [`looped`]). A first version used `b.iter(|| black_box(op()))`, which
 //! passes every result through `black_box` twice (criterion's `iter` adds its own): for
@@ -36,6 +46,7 @@ fn looped<R>(iters: u64, mut op: impl FnMut() -> R) -> Duration {
 }
 
 /// The bare atomic lock: one word, compare-and-swap to take, a release store to drop.
+#[derive(Default)]
 struct SpinWord(AtomicBool);
 
 impl SpinWord {
@@ -54,6 +65,15 @@ impl SpinWord {
     fn unlock(&self) {
         self.0.store(false, Ordering::Release);
     }
+}
+
+/// One of the per-CPU bare locks of `rseq_cpu_atomic_lock`, with its counter, on cache lines
+/// of its own (as `PerCpu` pads its slots).
+#[repr(align(128))]
+#[derive(Default)]
+struct PaddedWord {
+    word: SpinWord,
+    n: Cell<u64>,
 }
 
 /// A physical instance (the CPUs this process may use) in `policy`, for the fast paths.
@@ -116,8 +136,25 @@ pub(crate) fn bench(c: &mut Criterion) {
         group.bench_function("rseq_cpu_criterion_iter", |b| {
             b.iter(|| black_box(qpw_core::rseq::current_cpu()))
         });
+        // Issue 7's baseline for an unbound thread: the bare rseq read picks one of per-CPU
+        // bare atomic locks, which it takes around the increment. What `PerCpu::lock_local`
+        // does, with nothing of the framework around it.
+        let words: Vec<PaddedWord> = (0..=qpw_core::CpuSet::MAX_CPU)
+            .map(|_| PaddedWord::default())
+            .collect();
+        group.bench_function("rseq_cpu_atomic_lock", |b| {
+            b.iter_custom(|iters| {
+                looped(iters, || {
+                    let cpu = qpw_core::rseq::current_cpu().expect("checked: rseq is available");
+                    let PaddedWord { word, n } = &words[cpu];
+                    word.lock();
+                    n.set(n.get() + 1);
+                    word.unlock();
+                })
+            })
+        });
     } else {
-        eprintln!("local/rseq_cpu skipped: {}", qpw_core::rseq::status());
+        eprintln!("local/rseq_cpu*: skipped: {}", qpw_core::rseq::status());
     }
 
     // `PerCpu::lock_local` + increment + unlock, in each mode, bound and unbound.
@@ -163,6 +200,20 @@ pub(crate) fn bench(c: &mut Criterion) {
     let cpu = qpw.cpus().iter().next().expect("at least one allowed CPU");
     {
         let _bound = qpw.bind_current(cpu).expect("bind to an allowed CPU");
+        // The bare lock, taken on its own CPU (the thread is pinned there): the restartable
+        // sequence and the plain-store release, against `atomic_lock`.
+        let lock = RseqLock::for_cpu(cpu);
+        let mut n = 0u64;
+        group.bench_function("rseq_lock", |b| {
+            b.iter_custom(|iters| {
+                looped(iters, || {
+                    lock.lock();
+                    n = black_box(n) + 1;
+                    // SAFETY: taken on the line above by this thread, released once.
+                    unsafe { lock.unlock() };
+                })
+            })
+        });
         group.bench_function("percpu_rseq_bound", |b| {
             b.iter_custom(|iters| {
                 looped(iters, || {

@@ -14,8 +14,9 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use qpw_benches::{
-    criterion_dir, drain_svg, drain_table, local_table, machine_description, pool_table,
-    resctrl_table, rseq_table, under_load_tables, DRAIN_COUNTER, DRAIN_LRU, DRAIN_MEMCG,
+    criterion_dir, drain_svg, drain_table, fast_path_bounds_table, local_table,
+    machine_description, pool_table, resctrl_table, under_load_tables, DRAIN_COUNTER, DRAIN_LRU,
+    DRAIN_MEMCG,
 };
 
 fn main() {
@@ -50,11 +51,8 @@ fn main() {
     let _ = writeln!(out, "### Machine\n\n{}", machine_description());
     let _ = writeln!(out, "### 1. Local fast path (group `local`)\n");
     let _ = writeln!(out, "{}", local_table(&root));
-    let _ = writeln!(
-        out,
-        "### 1b. rseq fast paths (group `rseq_fast_paths`, issue 7's `benches/rseq.rs`)\n"
-    );
-    let _ = writeln!(out, "{}", rseq_table(&root));
+    let _ = writeln!(out, "### 1b. Issue 7's bounds (group `local`)\n");
+    let _ = writeln!(out, "{}", fast_path_bounds_table(&root));
     for (group, title) in [
         (DRAIN_COUNTER, "per-CPU counter drain (qpw-core only)"),
         (DRAIN_MEMCG, "memcg stock, `drain_all_stock`"),
