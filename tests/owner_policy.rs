@@ -9,7 +9,22 @@ use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
-use qpw_core::{CpuSpec, Error, OwnedPerCpu, Policy, Qpw};
+use qpw_core::{CpuSpec, Error, OwnedPerCpu, PerCpuWork, Policy, Qpw};
+
+/// A work item that moves a CPU's count into a shared total, run by the CPU's owner; and
+/// that total.
+fn drain_into_total(slots: &OwnedPerCpu<u64>) -> (PerCpuWork, Arc<AtomicU64>) {
+    let total = Arc::new(AtomicU64::new(0));
+    let (s, t) = (slots.clone(), total.clone());
+    let drain = slots
+        .work(move |ctx| {
+            let mut local = s.lock_work(ctx).expect("run by the owner");
+            t.fetch_add(*local, Ordering::Relaxed);
+            *local = 0;
+        })
+        .unwrap();
+    (drain, total)
+}
 
 fn instance() -> Qpw {
     Qpw::builder()
@@ -269,17 +284,7 @@ fn queued_work_runs_at_the_owners_next_poll() {
 fn flush_reports_a_stall_when_the_owner_never_polls() {
     let qpw = instance();
     let slots: OwnedPerCpu<u64> = qpw.owned_per_cpu(|_| 5).unwrap();
-    let drained = Arc::new(AtomicU64::new(0));
-    let drain = {
-        let (s, d) = (slots.clone(), drained.clone());
-        slots
-            .work(move |ctx| {
-                let mut local = s.lock_work(ctx).expect("run by the owner");
-                d.fetch_add(*local, Ordering::Relaxed);
-                *local = 0;
-            })
-            .unwrap()
-    };
+    let (drain, drained) = drain_into_total(&slots);
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = mpsc::channel();
     let owners: Vec<_> = [0usize, 1]
@@ -340,17 +345,8 @@ fn stress_owners_and_drains_conserve() {
     };
     let qpw = instance();
     let slots = qpw.owned_per_cpu(|_| 0u64).unwrap();
-    let drained = Arc::new(AtomicU64::new(0));
-    let drain = Arc::new({
-        let (s, d) = (slots.clone(), drained.clone());
-        slots
-            .work(move |ctx| {
-                let mut local = s.lock_work(ctx).expect("run by the owner");
-                d.fetch_add(*local, Ordering::Relaxed);
-                *local = 0;
-            })
-            .unwrap()
-    });
+    let (drain, drained) = drain_into_total(&slots);
+    let drain = Arc::new(drain);
     let done = Arc::new(AtomicBool::new(false));
     let drainer = {
         let (drain, done) = (drain.clone(), done.clone());
@@ -396,4 +392,36 @@ fn stress_owners_and_drains_conserve() {
     let left: u64 = owners.into_iter().map(|o| o.join().unwrap()).sum();
     assert!(rounds > 0);
     assert_eq!(drained.load(Ordering::Relaxed) + left, 2 * ADDS);
+}
+
+/// A shutdown closes the owners' mailboxes as it stops the workers: work queued afterwards is
+/// refused with `ShutDown` naming the CPU, while an item posted before it is counted in the
+/// report, still runs at its owner's next poll, and its flush completes.
+#[test]
+fn shutdown_closes_the_mailboxes() {
+    let qpw = instance();
+    let slots: OwnedPerCpu<u64> = qpw.owned_per_cpu(|_| 3).unwrap();
+    let (drain, drained) = drain_into_total(&slots);
+    let mut owner = slots.claim(1).unwrap();
+    assert!(drain.queue_on(1).unwrap());
+
+    let report = qpw.shutdown();
+    assert_eq!(report.left_for_owners, 1, "{report:?}");
+    assert_eq!(report.ran, 0, "no worker runs a mailbox");
+    let err = drain.queue_on(0).unwrap_err();
+    assert!(matches!(err, Error::ShutDown { cpu: 0 }), "{err}");
+    assert!(err.to_string().contains("cpu 0"), "{err}");
+    // A work item made after the shutdown is refused too.
+    let late = slots.work(|_| ()).unwrap();
+    assert!(matches!(late.queue_on(1), Err(Error::ShutDown { cpu: 1 })));
+
+    assert_eq!(drained.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        owner.poll(),
+        1,
+        "the item posted before the shutdown still runs"
+    );
+    drain.flush(1).unwrap();
+    assert_eq!(drained.load(Ordering::Relaxed), 3);
+    assert_eq!(*owner.lock_local().unwrap(), 0);
 }

@@ -284,7 +284,8 @@ impl Inner {
 /// CPUs.
 ///
 /// Dropping it (or calling [`Qpw::shutdown`]) stops the workers after they have run every item
-/// already queued; work queued after that is refused with [`Error::ShutDown`].
+/// already queued, and closes the mailboxes of its owner-only state; work queued after that is
+/// refused with [`Error::ShutDown`].
 pub struct Qpw {
     inner: crate::sync::Arc<Inner>,
 }
@@ -465,8 +466,10 @@ impl Qpw {
         PerCpuWork::new(self.inner.clone(), crate::sync::SharedFn::new(func), true)
     }
 
-    /// Stops the workers once each has run every item already queued, and says what ran
-    /// during the shutdown. Work queued from now on is refused with [`Error::ShutDown`].
+    /// Stops the workers once each has run every item already queued, closes the mailboxes of
+    /// owner-only state ([`Qpw::owned_per_cpu`]; what waits there is left to the owners' next
+    /// polls), and says what ran during the shutdown. Work queued from now on is refused with
+    /// [`Error::ShutDown`].
     pub fn shutdown(self) -> ShutdownReport {
         self.inner.workers.shutdown()
     }
@@ -499,6 +502,10 @@ pub struct ShutdownReport {
     pub ran: usize,
     /// The items among those that panicked, by CPU, with their messages.
     pub panicked: Vec<(usize, String)>,
+    /// Work items waiting in the mailboxes of owner-only state
+    /// ([`Qpw::owned_per_cpu`]) when the shutdown closed them: no worker runs those; each
+    /// runs at its owner's next poll, and its flush waits for that.
+    pub left_for_owners: usize,
 }
 
 /// The calling thread's registration with a CPU, from [`Qpw::bind_current`]. Not `Send`:

@@ -34,6 +34,10 @@
 //!   poll, and an owner that never polls is reported as [`Error::Stall`].
 //! - Any other thread's local access ([`OwnedPerCpu::lock_local`], `lock_work`) is
 //!   [`Error::NotOwner`] naming the owner, never undefined behaviour.
+//! - [`Qpw::shutdown`](crate::Qpw::shutdown) (or dropping the `Qpw`) closes the mailboxes
+//!   as it stops the workers: a post from then on is [`Error::ShutDown`]. Items posted before
+//!   still run at their owner's next poll (no worker exists to run them), and the
+//!   [`ShutdownReport`](crate::ShutdownReport) counts them in `left_for_owners`.
 //!
 //! What it costs: the owner's access is a flag load, a flag store and the data; a posted item
 //! waits for the owner's next poll, which is as long as the owner chooses to go without
@@ -176,6 +180,10 @@ impl<T> OwnedPerCpu<T> {
                 })
             })
             .collect();
+        let slots: Box<[CachePadded<OwnedSlot<T>>]> = slots;
+        inner
+            .workers
+            .adopt_mailboxes(slots.iter().map(|slot| slot.mailbox.clone()));
         Self {
             shared: Arc::new(Shared { inner, slots }),
         }

@@ -221,6 +221,17 @@ impl Worker {
         }
     }
 
+    /// Refuses every post from now on ([`Error::ShutDown`]) and wakes the worker, which exits
+    /// once its queue is empty; returns how many items wait in the queue.
+    fn stop(&self) -> usize {
+        let mut queue = lock(&self.queue);
+        queue.stopped = true;
+        let waiting = queue.items.len();
+        drop(queue);
+        self.wake.notify_all();
+        waiting
+    }
+
     fn register(&self) {
         let mut queue = lock(&self.queue);
         queue.registered += 1;
@@ -283,6 +294,8 @@ impl Worker {
 struct PoolState {
     workers: Vec<Option<Arc<Worker>>>,
     threads: Vec<thread::JoinHandle<ShutdownReport>>,
+    /// The owner-only policy's mailboxes, which no worker runs but a shutdown closes too.
+    mailboxes: Vec<Arc<Worker>>,
     stopped: bool,
 }
 
@@ -344,21 +357,37 @@ impl WorkerPool {
         Ok(worker)
     }
 
-    /// Stops every worker after its queue is empty, and joins it.
+    /// Makes a shutdown close `mailboxes` too (at once, if it has happened already).
+    pub(crate) fn adopt_mailboxes(&self, mailboxes: impl IntoIterator<Item = Arc<Worker>>) {
+        let mut pool = lock(&self.state);
+        for mailbox in mailboxes {
+            if pool.stopped {
+                mailbox.stop();
+            } else {
+                pool.mailboxes.push(mailbox);
+            }
+        }
+    }
+
+    /// Stops every worker after its queue is empty, and joins it; closes every mailbox,
+    /// leaving what waits in it to its owner's next poll.
     pub(crate) fn shutdown(&self) -> ShutdownReport {
-        let (workers, threads) = {
+        let (workers, threads, mailboxes) = {
             let mut pool = lock(&self.state);
             pool.stopped = true;
             (
                 std::mem::take(&mut pool.workers),
                 std::mem::take(&mut pool.threads),
+                std::mem::take(&mut pool.mailboxes),
             )
         };
         for worker in workers.into_iter().flatten() {
-            lock(&worker.queue).stopped = true;
-            worker.wake.notify_all();
+            worker.stop();
         }
         let mut report = ShutdownReport::default();
+        for mailbox in mailboxes {
+            report.left_for_owners += mailbox.stop();
+        }
         for handle in threads {
             if let Ok(part) = handle.join() {
                 report.ran += part.ran;
