@@ -48,6 +48,14 @@ impl Counter {
         unsafe { self.lock.unlock() };
     }
 
+    /// Adds one under the lock this thread already holds, then releases it.
+    fn add_and_release(&self) {
+        // SAFETY: the caller holds the lock.
+        self.value.with_mut(|v| unsafe { *v += 1 });
+        // SAFETY: taken by this thread, released once.
+        unsafe { self.lock.unlock() };
+    }
+
     fn value(&self) -> u32 {
         self.lock.lock();
         // SAFETY: the lock is held.
@@ -56,6 +64,20 @@ impl Counter {
         unsafe { self.lock.unlock() };
         v
     }
+}
+
+/// A thread that runs on `cpu` and increments `counter` once, migrating to
+/// `migrate_before_unlock` (if any) while it holds the lock.
+fn spawn_increment(
+    counter: &Arc<Counter>,
+    cpu: usize,
+    migrate_before_unlock: Option<usize>,
+) -> thread::JoinHandle<()> {
+    let counter = counter.clone();
+    thread::spawn(move || {
+        migrate_to(Some(cpu));
+        counter.increment(migrate_before_unlock);
+    })
 }
 
 /// Two threads of CPU 0 take the lock by restartable sequence; each sequence may be aborted by
@@ -68,17 +90,8 @@ fn loom_rseq_same_cpu_waiter() {
         // The main thread holds the lock while the other arrives: the other spins once, then
         // registers and sleeps (or finds the lock already handed over).
         counter.lock.lock();
-        let waiter = {
-            let counter = counter.clone();
-            thread::spawn(move || {
-                migrate_to(Some(0));
-                counter.increment(None);
-            })
-        };
-        // SAFETY: the lock is held.
-        counter.value.with_mut(|v| unsafe { *v += 1 });
-        // SAFETY: taken above by this thread.
-        unsafe { counter.lock.unlock() };
+        let waiter = spawn_increment(&counter, 0, None);
+        counter.add_and_release();
         waiter.join().unwrap();
         assert_eq!(counter.value(), 2);
     });
@@ -94,17 +107,8 @@ fn loom_rseq_handoff_against_a_retaking_releaser() {
         let counter = Counter::new();
         migrate_to(Some(0));
         counter.lock.lock();
-        let waiter = {
-            let counter = counter.clone();
-            thread::spawn(move || {
-                migrate_to(Some(0));
-                counter.increment(None);
-            })
-        };
-        // SAFETY: the lock is held.
-        counter.value.with_mut(|v| unsafe { *v += 1 });
-        // SAFETY: taken above by this thread.
-        unsafe { counter.lock.unlock() };
+        let waiter = spawn_increment(&counter, 0, None);
+        counter.add_and_release();
         counter.increment(None);
         waiter.join().unwrap();
         assert_eq!(counter.value(), 3);
@@ -116,13 +120,7 @@ fn loom_rseq_handoff_against_a_retaking_releaser() {
 fn loom_rseq_same_cpu_race() {
     loom::model(|| {
         let counter = Counter::new();
-        let other = {
-            let counter = counter.clone();
-            thread::spawn(move || {
-                migrate_to(Some(0));
-                counter.increment(None);
-            })
-        };
+        let other = spawn_increment(&counter, 0, None);
         migrate_to(Some(0));
         counter.increment(None);
         other.join().unwrap();
@@ -136,13 +134,7 @@ fn loom_rseq_same_cpu_race() {
 fn loom_rseq_migrated_holder() {
     loom::model(|| {
         let counter = Counter::new();
-        let mover = {
-            let counter = counter.clone();
-            thread::spawn(move || {
-                migrate_to(Some(0));
-                counter.increment(Some(1));
-            })
-        };
+        let mover = spawn_increment(&counter, 0, Some(1));
         migrate_to(Some(0));
         counter.increment(None);
         mover.join().unwrap();
@@ -158,13 +150,7 @@ fn loom_rseq_migrated_holder() {
 fn loom_rseq_fenced_taker_vs_owner() {
     loom::model(|| {
         let counter = Counter::new();
-        let remote = {
-            let counter = counter.clone();
-            thread::spawn(move || {
-                migrate_to(Some(1));
-                counter.increment(None);
-            })
-        };
+        let remote = spawn_increment(&counter, 1, None);
         migrate_to(Some(0));
         counter.increment(None);
         remote.join().unwrap();
