@@ -64,6 +64,14 @@ impl Cpus {
         })
     }
 
+    /// The CPU list given with `flag`, or the default target alone when it was left out.
+    pub fn list_or_target(&self, flag: &str, raw: Option<&str>) -> Result<CpuSet> {
+        match raw {
+            Some(list) => validate::cpu_list(flag, list, &self.allowed),
+            None => Ok(CpuSet::from_iter([self.target])),
+        }
+    }
+
     /// A housekeeping CPU outside `measured`: a non-isolated one if there is one.
     pub fn housekeeping(&self, measured: &CpuSet) -> Option<usize> {
         let rest = self.allowed.difference(measured);
@@ -225,23 +233,17 @@ pub fn note_outcome(outcome: &Outcome, warnings: &mut Warnings, quiet: bool) {
 
 fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     let cpus = Cpus::read()?;
-    let measured = match &args.cpu_list {
-        Some(list) => validate::cpu_list("--cpu-list", list, &cpus.allowed)?,
-        None => CpuSet::from_iter([cpus.target]),
-    };
+    let measured = cpus.list_or_target("--cpu-list", args.cpu_list.as_deref())?;
     let duration = validate::duration("--duration", &args.duration)?;
     let bucket_size = validate::int_in("--bucket-size", &args.bucket_size, 1, 4096)? as usize;
     let width = validate::int_in("--bucket-width", &args.bucket_width, 1, 1_000_000)?;
-    let rtprio = args
-        .rtprio
-        .as_deref()
-        .map(|p| validate::int_in("--rtprio", p, 1, 99).map(|p| p as i32))
-        .transpose()?;
-    let trace = args
-        .trace_threshold
-        .as_deref()
-        .map(|t| validate::int_in("--trace-threshold", t, 1, 10_000_000))
-        .transpose()?;
+    let rtprio = validate::opt_int_in("--rtprio", args.rtprio.as_deref(), 1, 99)?.map(|p| p as i32);
+    let trace = validate::opt_int_in(
+        "--trace-threshold",
+        args.trace_threshold.as_deref(),
+        1,
+        10_000_000,
+    )?;
     let spec = resolve_drain(&args.drain, &cpus, &measured, false)?;
 
     let quiet = args.quiet;
@@ -485,24 +487,14 @@ pub fn print_requester(o: &Outcome) {
 
 fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     let cpus = Cpus::read()?;
-    let affinity = match &args.affinity {
-        Some(list) => validate::cpu_list("--affinity", list, &cpus.allowed)?,
-        None => CpuSet::from_iter([cpus.target]),
-    };
+    let affinity = cpus.list_or_target("--affinity", args.affinity.as_deref())?;
     let nthreads = validate::int_in("--threads", &args.threads, 1, 1024)? as usize;
     let prio = validate::int_in("--priority", &args.priority, 0, 99)? as i32;
     let interval = validate::int_in("--interval", &args.interval, 10, 1_000_000)?;
     let duration = validate::duration("--duration", &args.duration)?;
-    let hist = args
-        .histogram
-        .as_deref()
-        .map(|h| validate::int_in("--histogram", h, 1, 1_000_000))
-        .transpose()?;
-    let breaktrace = args
-        .breaktrace
-        .as_deref()
-        .map(|b| validate::int_in("--breaktrace", b, 1, 10_000_000))
-        .transpose()?;
+    let hist = validate::opt_int_in("--histogram", args.histogram.as_deref(), 1, 1_000_000)?;
+    let breaktrace =
+        validate::opt_int_in("--breaktrace", args.breaktrace.as_deref(), 1, 10_000_000)?;
     let spec = resolve_drain(&args.drain, &cpus, &affinity, false)?;
     let quiet = args.quiet;
     let start_time = rt::rt_timestamp();
@@ -672,10 +664,7 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
         .as_deref()
         .map(|d| validate::duration("--duration", d))
         .transpose()?;
-    let free = match &args.free {
-        Some(list) => validate::cpu_list("--free", list, &cpus.allowed)?,
-        None => CpuSet::from_iter([cpus.target]),
-    };
+    let free = cpus.list_or_target("--free", args.free.as_deref())?;
     let mut drain = args.drain.clone();
     if drain.mode.is_none() && drain.workload.is_none() {
         drain.mode = Some("queue".to_string());

@@ -110,11 +110,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Some(t) => validate::cpu("--target", t, &cpus.allowed)?,
         None => cpus.target,
     };
-    let rtprio = args
-        .rtprio
-        .as_deref()
-        .map(|p| validate::int_in("--rtprio", p, 1, 99).map(|p| p as i32))
-        .transpose()?;
+    let rtprio = validate::opt_int_in("--rtprio", args.rtprio.as_deref(), 1, 99)?.map(|p| p as i32);
     let every = validate::int_in("--local-op-every", &args.local_op_every, 1, 1_000_000)?;
     let mut notes = Vec::new();
     let asked: Vec<WorkloadName> = match &args.workloads {

@@ -17,6 +17,11 @@ pub fn int_in(flag: &str, raw: &str, lo: u64, hi: u64) -> Result<u64> {
     }
 }
 
+/// An integer in `lo..=hi` for a flag that may be left out: `None` when it was.
+pub fn opt_int_in(flag: &str, raw: Option<&str>, lo: u64, hi: u64) -> Result<Option<u64>> {
+    raw.map(|r| int_in(flag, r, lo, hi)).transpose()
+}
+
 /// A number in `lo..=hi`.
 pub fn float_in(flag: &str, raw: &str, lo: f64, hi: f64) -> Result<f64> {
     match raw.trim().parse::<f64>() {
@@ -128,6 +133,14 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("1-2"));
+        assert_eq!(opt_int_in("-f", None, 1, 99).unwrap(), None);
+        assert_eq!(opt_int_in("-f", Some("7"), 1, 99).unwrap(), Some(7));
+        assert_eq!(
+            opt_int_in("--rtprio", Some("0"), 1, 99)
+                .unwrap_err()
+                .to_string(),
+            "--rtprio 0: must be an integer in 1-99"
+        );
         assert!(float_in("--drain-rate", "nan", 0.0, 10.0).is_err());
         assert_eq!(float_in("--drain-rate", "2.5", 0.0, 10.0).unwrap(), 2.5);
     }
