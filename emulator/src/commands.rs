@@ -15,7 +15,7 @@ use crate::json::{
 };
 use crate::load::Phase;
 use crate::oslat::{self, OslatConfig, OslatRun};
-use crate::rt::{self, SysInfo, TraceMarker, Warnings};
+use crate::rt::{self, TraceMarker, Warnings};
 use crate::scenario::{self, DrainSpec, Outcome};
 use crate::validate;
 use crate::workload::WorkloadName;
@@ -145,19 +145,6 @@ pub fn parse_mode(raw: &str) -> Result<Mode> {
     }
 }
 
-fn envelope<B>(start_time: String, return_code: i32, body: B) -> Envelope<B> {
-    Envelope {
-        file_version: 1,
-        cmdline: json::cmdline(),
-        rt_test_version: json::VERSION.to_string(),
-        start_time,
-        end_time: rt::rt_timestamp(),
-        return_code,
-        sysinfo: SysInfo::read(),
-        body,
-    }
-}
-
 /// oslat's rounding of a gap for `min` and `max`: with whole-microsecond buckets, the upper
 /// edge of the gap's 1 us slot (oslat 2.4: `floor(cycles / MHz) + 1`); else microseconds with
 /// three decimals.
@@ -184,9 +171,8 @@ pub fn oslat_json(run: &OslatRun, start_time: String, qpw: QpwFields) -> Envelop
             histogram: Buckets::oslat(&t.hist),
         })
         .collect::<Vec<_>>();
-    envelope(
+    Envelope::succeeded(
         start_time,
-        0,
         OslatBody {
             num_threads: threads.len(),
             thread: Indexed(threads),
@@ -605,9 +591,8 @@ fn cyclictest_json(
             node: 0,
         })
         .collect();
-    envelope(
+    Envelope::succeeded(
         start_time,
-        0,
         CyclictestBody {
             num_threads: threads.len(),
             resolution_in_ns: 0,
@@ -728,7 +713,7 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
             load: outcome.load.clone(),
             warnings: warnings.list().to_vec(),
         };
-        json::write(path, &envelope(start_time, 0, body))?;
+        json::write(path, &Envelope::succeeded(start_time, body))?;
     }
     Ok(())
 }

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::cli::{PoolArgs, ResctrlArgs};
 use crate::json::{self, Envelope};
-use crate::rt::{self, SysInfo};
+use crate::rt;
 use crate::validate;
 
 fn us(d: Duration) -> f64 {
@@ -229,7 +229,7 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     }
     print!("{s}");
     if let Some(path) = &args.json {
-        json::write(path, &envelope(start_time, j))?;
+        json::write(path, &Envelope::succeeded(start_time, j))?;
     }
     Ok(())
 }
@@ -375,20 +375,7 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
     }
     print!("{s}");
     if let Some(path) = &args.json {
-        json::write(path, &envelope(start_time, j))?;
+        json::write(path, &Envelope::succeeded(start_time, j))?;
     }
     Ok(())
-}
-
-fn envelope<B>(start_time: String, body: B) -> Envelope<B> {
-    Envelope {
-        file_version: 1,
-        cmdline: json::cmdline(),
-        rt_test_version: json::VERSION.to_string(),
-        start_time,
-        end_time: rt::rt_timestamp(),
-        return_code: 0,
-        sysinfo: SysInfo::read(),
-        body,
-    }
 }

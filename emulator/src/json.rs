@@ -49,6 +49,23 @@ pub struct Envelope<B> {
     pub body: B,
 }
 
+impl<B> Envelope<B> {
+    /// The envelope of a run that started at `start_time` and succeeded: it ends now, with
+    /// return code 0, on this system.
+    pub fn succeeded(start_time: String, body: B) -> Self {
+        Self {
+            file_version: 1,
+            cmdline: cmdline(),
+            rt_test_version: VERSION.to_string(),
+            start_time,
+            end_time: crate::rt::rt_timestamp(),
+            return_code: 0,
+            sysinfo: SysInfo::read(),
+            body,
+        }
+    }
+}
+
 /// A whole-microsecond figure or a fractional one: oslat writes integers when its buckets are
 /// whole microseconds wide, three decimals otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
