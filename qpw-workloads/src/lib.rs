@@ -372,6 +372,16 @@ pub(crate) fn drain_cpus(
     }
 }
 
+/// Turns the problems a conservation check collected into its verdict: `Ok` when there are
+/// none, otherwise one error message listing them all, separated by `; `.
+pub(crate) fn conservation_verdict(problems: Vec<String>) -> Result<(), String> {
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
 /// Takes a `qpw_core::sync` mutex; the workloads' critical sections leave their state
 /// consistent at every step a panic could interrupt, so a poisoned lock is taken anyway.
 pub(crate) fn lock<T>(mutex: &qpw_core::sync::Mutex<T>) -> qpw_core::sync::MutexGuard<'_, T> {

@@ -49,8 +49,8 @@ use qpw_core::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 use qpw_core::{PerCpu, PerCpuWork, Qpw, Result, WorkCtx};
 
 use crate::{
-    drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters, Workload,
-    WorkloadError,
+    conservation_verdict, drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters,
+    Workload, WorkloadError,
 };
 
 /// `FOLIO_BATCH_SIZE` (`include/linux/pagevec.h`): folios per batch since 2024.
@@ -383,11 +383,7 @@ fn check_folios(
             problems.push(format!("cpu {cpu} added {n} folios, {} are lost", n - held));
         }
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems.join("; "))
-    }
+    conservation_verdict(problems)
 }
 
 #[cfg(all(test, not(loom)))]

@@ -61,8 +61,8 @@ use qpw_core::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use qpw_core::{CpuSet, PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
 use crate::{
-    drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters, Workload,
-    WorkloadError,
+    conservation_verdict, drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters,
+    Workload, WorkloadError,
 };
 
 /// `NR_MEMCG_STOCK` (`mm/memcontrol.c`, 2025): memcgs cached per CPU.
@@ -784,11 +784,7 @@ impl Workload for Memcg {
             shared.slots,
             shared.hints.first().map_or(shared.slots, Vec::len)
         );
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("; "))
-        }
+        conservation_verdict(problems)
     }
 }
 

@@ -43,8 +43,8 @@ use qpw_core::sync::{Arc, AtomicUsize, Mutex, Ordering};
 use qpw_core::{PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
 use crate::{
-    drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters, Workload,
-    WorkloadError,
+    conservation_verdict, drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters,
+    Workload, WorkloadError,
 };
 
 /// `pcp->batch` on zones over about 1 GB (`zone_batchsize()`).
@@ -452,11 +452,7 @@ impl Workload for Pcp {
                 "{unseen} of {total} pages are nowhere, but callers hold {outstanding}"
             ));
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("; "))
-        }
+        conservation_verdict(problems)
     }
 }
 

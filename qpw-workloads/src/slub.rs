@@ -49,8 +49,8 @@ use qpw_core::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use qpw_core::{PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
 use crate::{
-    drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters, Workload,
-    WorkloadError,
+    conservation_verdict, drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters,
+    Workload, WorkloadError,
 };
 
 /// `PCS_BATCH_MAX` (`mm/slub.c`): objects `sheaf_flush_main()` frees per hold of the lock.
@@ -629,11 +629,7 @@ impl Workload for Slub {
                 shared.objects
             ));
         }
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(problems.join("; "))
-        }
+        conservation_verdict(problems)
     }
 }
 
