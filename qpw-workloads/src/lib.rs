@@ -320,11 +320,18 @@ impl SkipCounters {
         }
     }
 
-    /// Joins the owners' counters (in CPU order) with these.
-    pub(crate) fn merge(&self, owners: &[(usize, OwnerCounters)]) -> Vec<CpuCounters> {
+    /// Every CPU's counters, in CPU order: the [`OwnerCounters`] that `owned` picks out of
+    /// each CPU's state in `per_cpu` (read under that CPU's lock), joined with these.
+    pub(crate) fn merge<T>(
+        &self,
+        per_cpu: &qpw_core::PerCpu<T>,
+        owned: impl Fn(&T) -> OwnerCounters,
+    ) -> Vec<CpuCounters> {
+        let mut owners = Vec::new();
+        per_cpu.for_each_locked(|cpu, state| owners.push((cpu, owned(state))));
         owners
-            .iter()
-            .map(|&(cpu, own)| {
+            .into_iter()
+            .map(|(cpu, own)| {
                 let idx = self.idx(cpu);
                 CpuCounters {
                     cpu,
@@ -370,6 +377,31 @@ pub(crate) fn drain_cpus(
         Some(timeout) => work.drain_all_timeout(needs, timeout),
         None => work.drain_all(needs),
     }
+}
+
+/// Runs `work` on the CPUs whose cache `looks_used` says holds something (a racy peek at the
+/// owner's published hint), or on every CPU when `force` is set, then flushes them within
+/// `timeout` if there is one. Each CPU left alone is counted as skipped in `skips`, with
+/// nothing stranded: its cache looked empty.
+pub(crate) fn drain_used_cpus(
+    work: &qpw_core::PerCpuWork,
+    skips: &SkipCounters,
+    force: bool,
+    timeout: Option<Duration>,
+    looks_used: impl Fn(usize) -> bool,
+) -> DrainOutcome {
+    let report = drain_cpus(
+        work,
+        |cpu| {
+            let needs = force || looks_used(cpu);
+            if !needs {
+                skips.skip(cpu, 0);
+            }
+            needs
+        },
+        timeout,
+    );
+    DrainOutcome::from_report(report)
 }
 
 /// Turns the problems a conservation check collected into its verdict: `Ok` when there are

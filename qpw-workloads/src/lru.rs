@@ -49,8 +49,8 @@ use qpw_core::sync::{Arc, AtomicU64, AtomicUsize, Mutex, Ordering};
 use qpw_core::{PerCpu, PerCpuWork, Qpw, Result, WorkCtx};
 
 use crate::{
-    conservation_verdict, drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters,
-    Workload, WorkloadError,
+    conservation_verdict, drain_used_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters,
+    SkipCounters, Workload, WorkloadError,
 };
 
 /// `FOLIO_BATCH_SIZE` (`include/linux/pagevec.h`): folios per batch since 2024.
@@ -271,18 +271,9 @@ impl Lru {
         shared.gen.fetch_add(1, Ordering::SeqCst);
 
         // Queue only on the CPUs whose batches look non-empty (cpu_needs_drain), then flush.
-        let report = drain_cpus(
-            &self.work,
-            |cpu| {
-                let needs = force || shared.hints[shared.skips.idx(cpu)].load(Ordering::SeqCst) > 0;
-                if !needs {
-                    shared.skips.skip(cpu, 0);
-                }
-                needs
-            },
-            timeout,
-        );
-        DrainOutcome::from_report(report)
+        drain_used_cpus(&self.work, &shared.skips, force, timeout, |cpu| {
+            shared.hints[shared.skips.idx(cpu)].load(Ordering::SeqCst) > 0
+        })
     }
 
     /// Folios on the LRU list.
@@ -319,11 +310,8 @@ impl Workload for Lru {
     }
 
     fn counters(&self) -> Vec<CpuCounters> {
-        let mut owners = Vec::new();
-        self.shared
-            .cpus
-            .for_each_locked(|cpu, batch| owners.push((cpu, batch.counters)));
-        self.shared.skips.merge(&owners)
+        let shared = &*self.shared;
+        shared.skips.merge(&shared.cpus, |batch| batch.counters)
     }
 
     fn check_conservation(&self) -> Result<(), String> {

@@ -709,11 +709,8 @@ impl Workload for Memcg {
     }
 
     fn counters(&self) -> Vec<CpuCounters> {
-        let mut owners = Vec::new();
-        self.shared
-            .stock
-            .for_each_locked(|cpu, stock| owners.push((cpu, stock.counters)));
-        self.shared.skips.merge(&owners)
+        let shared = &*self.shared;
+        shared.skips.merge(&shared.stock, |stock| stock.counters)
     }
 
     fn check_conservation(&self) -> Result<(), String> {

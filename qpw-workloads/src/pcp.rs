@@ -43,8 +43,8 @@ use qpw_core::sync::{Arc, AtomicUsize, Mutex, Ordering};
 use qpw_core::{PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
 use crate::{
-    conservation_verdict, drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters,
-    Workload, WorkloadError,
+    conservation_verdict, drain_used_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters,
+    SkipCounters, Workload, WorkloadError,
 };
 
 /// `pcp->batch` on zones over about 1 GB (`zone_batchsize()`).
@@ -329,18 +329,9 @@ impl Pcp {
         shared
             .drain_zone
             .store(zone.unwrap_or(ALL_ZONES), Ordering::Release);
-        let report = drain_cpus(
-            &self.work,
-            |cpu| {
-                let needs = force || shared.has_pcps(cpu, zone);
-                if !needs {
-                    shared.skips.skip(cpu, 0);
-                }
-                needs
-            },
-            timeout,
-        );
-        DrainOutcome::from_report(report)
+        drain_used_cpus(&self.work, &shared.skips, force, timeout, |cpu| {
+            shared.has_pcps(cpu, zone)
+        })
     }
 
     /// Pages on each CPU's lists, all zones together, in CPU order.
@@ -387,11 +378,8 @@ impl Workload for Pcp {
     }
 
     fn counters(&self) -> Vec<CpuCounters> {
-        let mut owners = Vec::new();
-        self.shared
-            .pcp
-            .for_each_locked(|cpu, pcp| owners.push((cpu, pcp.counters)));
-        self.shared.skips.merge(&owners)
+        let shared = &*self.shared;
+        shared.skips.merge(&shared.pcp, |pcp| pcp.counters)
     }
 
     fn check_conservation(&self) -> Result<(), String> {

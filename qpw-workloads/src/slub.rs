@@ -49,8 +49,8 @@ use qpw_core::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use qpw_core::{PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
 use crate::{
-    conservation_verdict, drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters,
-    Workload, WorkloadError,
+    conservation_verdict, drain_used_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters,
+    SkipCounters, Workload, WorkloadError,
 };
 
 /// `PCS_BATCH_MAX` (`mm/slub.c`): objects `sheaf_flush_main()` frees per hold of the lock.
@@ -449,18 +449,9 @@ impl Slub {
     fn flush_all_inner(&self, force: bool, timeout: Option<Duration>) -> DrainOutcome {
         let shared = &*self.shared;
         let _serialised = lock(&shared.flush_lock);
-        let report = drain_cpus(
-            &self.flush_work,
-            |cpu| {
-                let used = force || shared.used[shared.skips.idx(cpu)].load(Ordering::Acquire);
-                if !used {
-                    shared.skips.skip(cpu, 0);
-                }
-                used
-            },
-            timeout,
-        );
-        DrainOutcome::from_report(report)
+        drain_used_cpus(&self.flush_work, &shared.skips, force, timeout, |cpu| {
+            shared.used[shared.skips.idx(cpu)].load(Ordering::Acquire)
+        })
     }
 
     /// `flush_rcu_sheaves_on_cache(s)`: runs `flush_rcu_sheaf` on every CPU, queued to the CPU's
@@ -545,11 +536,8 @@ impl Workload for Slub {
     }
 
     fn counters(&self) -> Vec<CpuCounters> {
-        let mut owners = Vec::new();
-        self.shared
-            .pcs
-            .for_each_locked(|cpu, pcs| owners.push((cpu, pcs.counters)));
-        self.shared.skips.merge(&owners)
+        let shared = &*self.shared;
+        shared.skips.merge(&shared.pcs, |pcs| pcs.counters)
     }
 
     fn check_conservation(&self) -> Result<(), String> {
