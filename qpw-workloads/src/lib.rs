@@ -367,6 +367,30 @@ impl DrainOutcome {
     }
 }
 
+/// A workload's drain mutex, held as a running drain holds it (memcg's
+/// `percpu_charge_mutex`, pcp's `pcpu_drain_mutex`) until this guard is dropped; from
+/// [`memcg::Memcg::hold_drain`] and [`pcp::Pcp::hold_drain`]. Experiments and tests use it to
+/// model a long drain that others meet.
+#[must_use = "the mutex is released as soon as the guard is dropped"]
+pub struct DrainInProgress<'a> {
+    _guard: qpw_core::sync::MutexGuard<'a, ()>,
+}
+
+impl<'a> DrainInProgress<'a> {
+    /// Takes `mutex` (even if poisoned, as [`lock`] does) and keeps it.
+    pub(crate) fn hold(mutex: &'a qpw_core::sync::Mutex<()>) -> Self {
+        DrainInProgress {
+            _guard: lock(mutex),
+        }
+    }
+}
+
+impl std::fmt::Debug for DrainInProgress<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DrainInProgress")
+    }
+}
+
 /// Runs `work` on the CPUs `needs` picks, then flushes them, within `timeout` if there is one.
 pub(crate) fn drain_cpus(
     work: &qpw_core::PerCpuWork,

@@ -54,12 +54,12 @@
 //! `usage(m) = sum over d in subtree(m) of (held(d) + stocked(d))`, never above `max(m)`.
 
 use std::collections::VecDeque;
-use std::fmt;
 use std::time::Duration;
 
-use qpw_core::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
+use qpw_core::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use qpw_core::{CpuSet, PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
+pub use crate::DrainInProgress;
 use crate::{
     conservation_verdict, drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters,
     Workload, WorkloadError,
@@ -349,18 +349,6 @@ impl Shared {
     }
 }
 
-/// Holds `percpu_charge_mutex` as a running `drain_all_stock` does; from [`Memcg::hold_drain`].
-#[must_use = "the mutex is released as soon as the guard is dropped"]
-pub struct DrainInProgress<'a> {
-    _guard: MutexGuard<'a, ()>,
-}
-
-impl fmt::Debug for DrainInProgress<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("DrainInProgress")
-    }
-}
-
 /// A memcg hierarchy with per-CPU charge stocks.
 ///
 /// ```
@@ -557,9 +545,7 @@ impl Memcg {
     /// every `drain_all_stock` meanwhile returns at once. For experiments and tests that model
     /// a long drain.
     pub fn hold_drain(&self) -> DrainInProgress<'_> {
-        DrainInProgress {
-            _guard: lock(&self.shared.percpu_charge_mutex),
-        }
+        DrainInProgress::hold(&self.shared.percpu_charge_mutex)
     }
 
     fn drain_all_stock_inner(

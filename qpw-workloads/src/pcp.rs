@@ -42,6 +42,7 @@ use std::time::Duration;
 use qpw_core::sync::{Arc, AtomicUsize, Mutex, Ordering};
 use qpw_core::{PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
+pub use crate::DrainInProgress;
 use crate::{
     conservation_verdict, drain_used_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters,
     SkipCounters, Workload, WorkloadError,
@@ -191,18 +192,6 @@ pub struct Pcp {
     work: PerCpuWork,
 }
 
-/// Holds `pcpu_drain_mutex` as a running drain does; from [`Pcp::hold_drain`].
-#[must_use = "the mutex is released as soon as the guard is dropped"]
-pub struct DrainInProgress<'a> {
-    _guard: qpw_core::sync::MutexGuard<'a, ()>,
-}
-
-impl std::fmt::Debug for DrainInProgress<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DrainInProgress")
-    }
-}
-
 impl Pcp {
     /// The zones, full of free pages, the per-CPU lists on `qpw`'s CPUs, and the drain.
     pub fn new(qpw: &Qpw, config: PcpConfig) -> Result<Self, WorkloadError> {
@@ -308,9 +297,7 @@ impl Pcp {
 
     /// Holds `pcpu_drain_mutex` as a running drain does, for as long as the guard lives.
     pub fn hold_drain(&self) -> DrainInProgress<'_> {
-        DrainInProgress {
-            _guard: lock(&self.shared.pcpu_drain_mutex),
-        }
+        DrainInProgress::hold(&self.shared.pcpu_drain_mutex)
     }
 
     fn drain_inner(
