@@ -181,29 +181,100 @@ pub fn oslat_json(run: &OslatRun, start_time: String, qpw: QpwFields) -> Envelop
     )
 }
 
-/// Our fields for a probe run under an optional drain load.
-pub fn qpw_fields(
+/// Our fields for a probe run (`tool`) under an optional drain load.
+fn qpw_fields(
     tool: &str,
     spec: Option<&DrainSpec>,
-    qpw_desc: Option<String>,
-    outcome: Option<&Outcome>,
+    load: &LoadAfter,
     figures: Vec<ThreadFigures>,
     settings: Settings,
     warnings: &Warnings,
+    stopped_by: Option<String>,
 ) -> QpwFields {
+    let outcome = load.outcome.as_ref();
     QpwFields {
         tool: tool.to_string(),
         scenario: None,
         mode: spec.map(|s| s.mode.name().to_string()),
         workload: spec.map(|s| s.workload.name().to_string()),
-        qpw: qpw_desc,
+        qpw: load.desc.clone(),
         settings: Some(settings),
         percentiles: figures,
         interruptions: None,
         requester: outcome.and_then(|o| o.requester.clone()),
         load: outcome.map(|o| o.load.clone()),
-        stopped_by: None,
+        stopped_by,
         warnings: warnings.list().to_vec(),
+    }
+}
+
+/// The optional drain load around one `oslat` or `cyclictest` run: set up before the probe,
+/// released at the probe's start barrier, finished after it.
+struct ProbeLoad {
+    /// The scenario, when a load was asked for.
+    setup: Option<scenario::Setup>,
+    /// The phase the probe releases: the scenario's, or one nothing waits on.
+    phase: Arc<Phase>,
+    /// The framework instance, described before the run.
+    desc: Option<String>,
+}
+
+/// The drain load once the probe is done.
+struct LoadAfter {
+    /// The framework instance it ran on.
+    desc: Option<String>,
+    /// What it did; `None` without a load.
+    outcome: Option<Outcome>,
+}
+
+impl ProbeLoad {
+    /// Sets up the load of `spec`, if any; its threads wait for the probe's go.
+    fn start(spec: Option<&DrainSpec>) -> Result<Self> {
+        let setup = spec.map(scenario::setup).transpose()?;
+        let phase = setup
+            .as_ref()
+            .map_or_else(|| Arc::new(Phase::default()), |s| s.phase.clone());
+        let desc = setup.as_ref().map(|s| s.qpw.describe());
+        Ok(Self { setup, phase, desc })
+    }
+
+    /// The probe's local operation on the load's workload.
+    fn local_op(&self) -> Option<oslat::LocalOp> {
+        self.setup.as_ref().map(|s| s.local_op())
+    }
+
+    /// Finishes the load once the probe has returned `run`, also when the probe failed (so
+    /// that no load thread is left behind); then adds the probe's warnings (`probe_warnings`
+    /// of its run) and the load's to `warnings`, in that order. `target` is the measured CPU
+    /// whose drains are counted.
+    fn finish<R>(
+        self,
+        run: Result<R>,
+        probe_warnings: impl FnOnce(&R) -> &[String],
+        target: Option<usize>,
+        warnings: &mut Warnings,
+        quiet: bool,
+    ) -> Result<(R, LoadAfter)> {
+        let outcome = self.setup.map(|s| s.finish(target)).transpose()?;
+        let run = run?;
+        warnings.extend(quiet, probe_warnings(&run).to_vec());
+        if let Some(o) = &outcome {
+            note_outcome(o, warnings, quiet);
+        }
+        let after = LoadAfter {
+            desc: self.desc,
+            outcome,
+        };
+        Ok((run, after))
+    }
+}
+
+impl LoadAfter {
+    /// Prints the requester's and the load's lines, when there was a load.
+    fn print(&self) {
+        if let Some(o) = &self.outcome {
+            print_requester(o);
+        }
     }
 }
 
@@ -259,10 +330,7 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         println!();
     }
 
-    let setup = spec.as_ref().map(scenario::setup).transpose()?;
-    let phase = setup
-        .as_ref()
-        .map_or_else(|| Arc::new(Phase::default()), |s| s.phase.clone());
+    let load = ProbeLoad::start(spec.as_ref())?;
     let cfg = OslatConfig {
         cpus: measured.clone(),
         duration,
@@ -271,19 +339,13 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         bucket_width_ns: width,
         rtprio,
         trace_threshold_ns: trace.map(|us| us * 1000),
-        local_op: setup.as_ref().map(|s| s.local_op()),
+        local_op: load.local_op(),
         quiet,
         label: "oslat".to_string(),
         progress_span: None,
     };
-    let qpw_desc = setup.as_ref().map(|s| s.qpw.describe());
-    let run = oslat::run(&cfg, calibration, &phase);
-    let outcome = setup.map(|s| s.finish(measured.first())).transpose()?;
-    let run = run?;
-    warnings.extend(quiet, run.warnings.clone());
-    if let Some(o) = &outcome {
-        note_outcome(o, &mut warnings, quiet);
-    }
+    let run = oslat::run(&cfg, calibration, &load.phase);
+    let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), &mut warnings, quiet)?;
     let mut stopped_by = None;
     if let Some((cpu, us)) = run.threshold_hit {
         let line = format!(
@@ -301,14 +363,7 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     }
 
     print_oslat_summary(&run, args.zero_omit);
-    if let Some(o) = &outcome {
-        print_requester(o);
-    }
-    let figures = run
-        .threads
-        .iter()
-        .map(|t| ThreadFigures::of(t.cpu, &t.hist, t.local_ops, t.local_op_errors))
-        .collect();
+    load.print();
     let settings = Settings {
         bucket_width_ns: width,
         bucket_size,
@@ -318,16 +373,15 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         interval_us: None,
     };
     if let Some(path) = &args.json {
-        let mut fields = qpw_fields(
+        let fields = qpw_fields(
             "oslat",
             spec.as_ref(),
-            qpw_desc,
-            outcome.as_ref(),
-            figures,
+            &load,
+            run.figures(),
             settings,
             &warnings,
+            stopped_by,
         );
-        fields.stopped_by = stopped_by;
         json::write(path, &oslat_json(&run, start_time, fields))?;
     }
     Ok(())
@@ -498,10 +552,7 @@ fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     let thread_cpus: Vec<usize> = (0..nthreads)
         .map(|i| affinity.as_slice()[i % affinity.len()])
         .collect();
-    let setup = spec.as_ref().map(scenario::setup).transpose()?;
-    let phase = setup
-        .as_ref()
-        .map_or_else(|| Arc::new(Phase::default()), |s| s.phase.clone());
+    let load = ProbeLoad::start(spec.as_ref())?;
     let cfg = CyclicConfig {
         thread_cpus,
         interval: Duration::from_micros(interval),
@@ -509,18 +560,12 @@ fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         prio: (prio > 0).then_some(prio),
         hist_buckets: hist.unwrap_or(10_000) as usize,
         breaktrace_us: breaktrace,
-        local_op: setup.as_ref().map(|s| s.local_op()),
+        local_op: load.local_op(),
         quiet,
         label: "cyclictest".to_string(),
     };
-    let qpw_desc = setup.as_ref().map(|s| s.qpw.describe());
-    let run = cyclictest::run(&cfg, &phase);
-    let outcome = setup.map(|s| s.finish(affinity.first())).transpose()?;
-    let run = run?;
-    warnings.extend(quiet, run.warnings.clone());
-    if let Some(o) = &outcome {
-        note_outcome(o, &mut warnings, quiet);
-    }
+    let run = cyclictest::run(&cfg, &load.phase);
+    let (run, load) = load.finish(run, |r| &r.warnings, affinity.first(), &mut warnings, quiet)?;
     let mut stopped_by = None;
     if let Some((thread, us)) = run.break_hit {
         let line = format!("# Break thread: {thread}\n# Break value: {us}\n");
@@ -537,15 +582,8 @@ fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         stopped_by = Some("interrupted (SIGINT)".to_string());
     }
     print_cyclictest(&run, &cfg, hist.is_some(), interval);
-    if let Some(o) = &outcome {
-        print_requester(o);
-    }
+    load.print();
     if let Some(path) = &args.json {
-        let figures = run
-            .threads
-            .iter()
-            .map(|t| ThreadFigures::of(t.cpu, &t.hist, t.local_ops, t.local_op_errors))
-            .collect();
         let settings = Settings {
             bucket_width_ns: 1000,
             bucket_size: cfg.hist_buckets,
@@ -554,16 +592,15 @@ fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
             local_op_every_us: spec.as_ref().map(|s| s.local_op_every.as_micros() as u64),
             interval_us: Some(interval),
         };
-        let mut fields = qpw_fields(
+        let fields = qpw_fields(
             "cyclictest",
             spec.as_ref(),
-            qpw_desc,
-            outcome.as_ref(),
-            figures,
+            &load,
+            run.figures(),
             settings,
             &warnings,
+            stopped_by,
         );
-        fields.stopped_by = stopped_by;
         json::write(path, &cyclictest_json(&run, start_time, fields))?;
     }
     Ok(())

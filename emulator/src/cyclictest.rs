@@ -21,6 +21,7 @@ use anyhow::{anyhow, Context, Result};
 
 use crate::clock::{monotonic_ns, sleep_until_ns};
 use crate::hist::Histogram;
+use crate::json::ThreadFigures;
 use crate::load::Phase;
 use crate::oslat::LocalOp;
 use crate::progress::Progress;
@@ -82,6 +83,16 @@ pub struct CyclicRun {
     pub interrupted: bool,
     /// Setup steps that failed inside the threads.
     pub warnings: Vec<String>,
+}
+
+impl CyclicRun {
+    /// Exact figures per thread, for the JSON.
+    pub fn figures(&self) -> Vec<ThreadFigures> {
+        self.threads
+            .iter()
+            .map(|t| ThreadFigures::of(t.cpu, &t.hist, t.local_ops, t.local_op_errors))
+            .collect()
+    }
 }
 
 struct Control {

@@ -26,6 +26,7 @@ use qpw_workloads::Workload;
 
 use crate::clock::{ticks, Calibration};
 use crate::hist::Histogram;
+use crate::json::ThreadFigures;
 use crate::load::Phase;
 use crate::progress::Progress;
 
@@ -100,6 +101,16 @@ pub struct OslatRun {
     pub interrupted: bool,
     /// Setup steps that failed inside the threads.
     pub warnings: Vec<String>,
+}
+
+impl OslatRun {
+    /// Exact figures per measured CPU, for the JSON.
+    pub fn figures(&self) -> Vec<ThreadFigures> {
+        self.threads
+            .iter()
+            .map(|t| ThreadFigures::of(t.cpu, &t.hist, t.local_ops, t.local_op_errors))
+            .collect()
+    }
 }
 
 struct Control {
