@@ -443,3 +443,18 @@ pub(crate) fn conservation_verdict(problems: Vec<String>) -> Result<(), String> 
 pub(crate) fn lock<T>(mutex: &qpw_core::sync::Mutex<T>) -> qpw_core::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// What the workloads' unit tests share.
+#[cfg(all(test, not(loom)))]
+mod test_support {
+    use qpw_core::{CpuSpec, Policy, Qpw};
+
+    /// `n` logical CPUs, every one in remote mode.
+    pub(crate) fn remote(n: usize) -> Qpw {
+        Qpw::builder()
+            .cpus(CpuSpec::Logical(n))
+            .policy(Policy::Remote)
+            .build()
+            .unwrap()
+    }
+}

@@ -377,15 +377,7 @@ fn check_folios(
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use qpw_core::{CpuSpec, Policy};
-
-    fn remote(n: usize) -> Qpw {
-        Qpw::builder()
-            .cpus(CpuSpec::Logical(n))
-            .policy(Policy::Remote)
-            .build()
-            .unwrap()
-    }
+    use crate::test_support::remote;
 
     #[test]
     fn full_batch_moves_to_the_lru() {

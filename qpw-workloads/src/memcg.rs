@@ -774,15 +774,7 @@ impl Workload for Memcg {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use qpw_core::{CpuSpec, Policy};
-
-    fn remote(n: usize) -> Qpw {
-        Qpw::builder()
-            .cpus(CpuSpec::Logical(n))
-            .policy(Policy::Remote)
-            .build()
-            .unwrap()
-    }
+    use crate::test_support::remote;
 
     fn small(slots: usize, batch: u64) -> MemcgConfig {
         MemcgConfig {

@@ -434,7 +434,7 @@ impl Workload for Pcp {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use qpw_core::{CpuSpec, Policy};
+    use crate::test_support::remote;
 
     fn small() -> PcpConfig {
         PcpConfig {
@@ -447,11 +447,7 @@ mod tests {
 
     #[test]
     fn refill_and_high_watermark() {
-        let qpw = Qpw::builder()
-            .cpus(CpuSpec::Logical(1))
-            .policy(Policy::Remote)
-            .build()
-            .unwrap();
+        let qpw = remote(1);
         let pcp = Pcp::new(&qpw, small()).unwrap();
         let _bound = qpw.bind_current(0).unwrap();
         let pages: Vec<Page> = (0..9)
@@ -472,11 +468,7 @@ mod tests {
 
     #[test]
     fn conservation_catches_a_misplaced_page() {
-        let qpw = Qpw::builder()
-            .cpus(CpuSpec::Logical(1))
-            .policy(Policy::Remote)
-            .build()
-            .unwrap();
+        let qpw = remote(1);
         let pcp = Pcp::new(&qpw, small()).unwrap();
         let page = lock(&pcp.shared.free[1]).pop().unwrap();
         lock(&pcp.shared.free[0]).push(page);

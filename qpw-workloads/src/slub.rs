@@ -624,19 +624,11 @@ impl Workload for Slub {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use qpw_core::{CpuSpec, Policy};
-
-    fn one_cpu() -> Qpw {
-        Qpw::builder()
-            .cpus(CpuSpec::Logical(1))
-            .policy(Policy::Remote)
-            .build()
-            .unwrap()
-    }
+    use crate::test_support::remote;
 
     #[test]
     fn sheaves_rotate_through_spare_and_barn() {
-        let qpw = one_cpu();
+        let qpw = remote(1);
         let slub = Slub::new(
             &qpw,
             SlubConfig {
@@ -668,7 +660,7 @@ mod tests {
 
     #[test]
     fn rcu_sheaf_goes_through_a_grace_period() {
-        let qpw = one_cpu();
+        let qpw = remote(1);
         let slub = Slub::new(
             &qpw,
             SlubConfig {

@@ -2,20 +2,13 @@
 
 #![cfg(not(loom))]
 
+mod common;
 mod mm_common;
 
+use common::{mixed, remote_on};
 use proptest::prelude::*;
-use qpw_core::{CpuSpec, Policy, Qpw};
 use qpw_workloads::lru::{Lru, LruConfig, FOLIO_BATCH_SIZE, FOLIO_BATCH_SIZE_BEFORE_2024};
 use qpw_workloads::Workload;
-
-fn mixed() -> Qpw {
-    Qpw::builder()
-        .cpus(CpuSpec::Logical(2))
-        .policy(Policy::RemoteOn("1".parse().unwrap()))
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn smoke() {
@@ -62,11 +55,7 @@ fn the_pre_2024_batch_size_moves_sooner() {
 
 #[test]
 fn only_cpus_with_non_empty_batches_get_work() {
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Logical(4))
-        .policy(Policy::RemoteOn("2-3".parse().unwrap()))
-        .build()
-        .unwrap();
+    let qpw = remote_on(4, "2-3");
     let lru = Lru::new(&qpw, LruConfig::default()).unwrap();
     for cpu in [1, 3] {
         let _bound = qpw.bind_current(cpu).unwrap();

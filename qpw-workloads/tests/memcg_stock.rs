@@ -3,24 +3,18 @@
 
 #![cfg(not(loom))]
 
+mod common;
 mod mm_common;
 
 use std::collections::BTreeMap;
 
+use common::{mixed, remote};
 use proptest::prelude::*;
 use qpw_core::{CpuSpec, Policy, Qpw};
 use qpw_workloads::memcg::{
     Charge, Memcg, MemcgConfig, StockDrainStrategy, MEMCG_CHARGE_BATCH, NR_MEMCG_STOCK, UNLIMITED,
 };
 use qpw_workloads::{Workload, WorkloadError};
-
-fn mixed() -> Qpw {
-    Qpw::builder()
-        .cpus(CpuSpec::Logical(2))
-        .policy(Policy::RemoteOn("1".parse().unwrap()))
-        .build()
-        .unwrap()
-}
 
 /// root 0 -> {1 (unlimited) -> {3, 4}, 2 (limit 200)}.
 fn small(strategy: StockDrainStrategy) -> MemcgConfig {
@@ -77,11 +71,7 @@ fn seven_slots_then_eviction() {
 
 #[test]
 fn drain_all_stock_only_visits_cpus_caching_a_descendant() {
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Logical(3))
-        .policy(Policy::Remote)
-        .build()
-        .unwrap();
+    let qpw = remote(3);
     let memcg = Memcg::new(&qpw, small(StockDrainStrategy::PerCpuWork)).unwrap();
     for (cpu, m) in [(0, 3), (1, 2), (2, 4)] {
         let _bound = qpw.bind_current(cpu).unwrap();

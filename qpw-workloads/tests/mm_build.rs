@@ -3,16 +3,14 @@
 
 #![cfg(not(loom))]
 
-use qpw_core::{CpuSpec, Policy, Qpw};
+mod common;
+
+use common::{mixed, remote};
 use qpw_workloads::{build, WorkloadError, WorkloadKind, WorkloadOptions};
 
 #[test]
 fn smoke() {
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Logical(2))
-        .policy(Policy::RemoteOn("1".parse().unwrap()))
-        .build()
-        .unwrap();
+    let qpw = mixed();
     for name in ["lru", "memcg", "slub", "pcp"] {
         let kind: WorkloadKind = name.parse().unwrap();
         assert_eq!(kind.to_string(), name);
@@ -50,11 +48,7 @@ fn smoke() {
 
 #[test]
 fn an_unbound_thread_gets_an_error_not_a_panic() {
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Logical(2))
-        .policy(Policy::Remote)
-        .build()
-        .unwrap();
+    let qpw = remote(2);
     for kind in WorkloadKind::ALL {
         let workload = build(kind, &qpw, &WorkloadOptions::default()).unwrap();
         let err = workload.process_op().unwrap_err();
@@ -72,11 +66,7 @@ fn unknown_names_and_bad_sizes_are_named() {
         err,
         "unknown workload `slab`: expected one of lru, memcg, slub, pcp"
     );
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Logical(1))
-        .policy(Policy::Remote)
-        .build()
-        .unwrap();
+    let qpw = remote(1);
     let mut options = WorkloadOptions::default();
     options.slub.batch_max = 0;
     let err = build(WorkloadKind::Slub, &qpw, &options).unwrap_err();

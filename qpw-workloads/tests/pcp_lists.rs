@@ -2,20 +2,13 @@
 
 #![cfg(not(loom))]
 
+mod common;
 mod mm_common;
 
+use common::{mixed, remote};
 use proptest::prelude::*;
-use qpw_core::{CpuSpec, Policy, Qpw};
 use qpw_workloads::pcp::{Pcp, PcpConfig, PCP_BATCH, PCP_HIGH};
 use qpw_workloads::Workload;
-
-fn mixed() -> Qpw {
-    Qpw::builder()
-        .cpus(CpuSpec::Logical(2))
-        .policy(Policy::RemoteOn("1".parse().unwrap()))
-        .build()
-        .unwrap()
-}
 
 fn small() -> PcpConfig {
     PcpConfig {
@@ -50,11 +43,7 @@ fn smoke() {
 
 #[test]
 fn only_cpus_with_pages_in_the_zone_are_drained() {
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Logical(3))
-        .policy(Policy::Remote)
-        .build()
-        .unwrap();
+    let qpw = remote(3);
     let pcp = Pcp::new(&qpw, small()).unwrap();
     for (cpu, zone) in [(0, 0), (2, 1)] {
         let _bound = qpw.bind_current(cpu).unwrap();

@@ -2,23 +2,18 @@
 //! behaviour, then the error cases.
 #![cfg(not(loom))]
 
-use qpw_core::{CpuSpec, Policy, Qpw};
+mod common;
+
+use common::remote;
+use qpw_core::CpuSpec;
 use qpw_workloads::pool::{
     build, hackbench, pool_figures, BufferPool, Design, GlobalPool, HackbenchConfig, PerCpuPools,
     PoolError, PoolFiguresConfig, RESERVE_COUNT,
 };
 
-fn logical(n: usize) -> Qpw {
-    Qpw::builder()
-        .cpus(CpuSpec::Logical(n))
-        .policy(Policy::Remote)
-        .build()
-        .unwrap()
-}
-
 #[test]
 fn smoke_get_write_put_for_every_design() {
-    let qpw = logical(2);
+    let qpw = remote(2);
     let _bound = qpw.bind_current(0).unwrap();
     for design in Design::ALL {
         let pool = build(design, &qpw, 256, 64, 8).unwrap();
@@ -38,7 +33,7 @@ fn smoke_get_write_put_for_every_design() {
 
 #[test]
 fn global_pool_keeps_its_reserve_and_allocates_past_it() {
-    let qpw = logical(1);
+    let qpw = remote(1);
     let _bound = qpw.bind_current(0).unwrap();
     let pool = GlobalPool::new(64, 16).unwrap();
     let held: Vec<_> = (0..4).map(|_| pool.get().unwrap().unwrap()).collect();
@@ -61,7 +56,7 @@ fn global_pool_keeps_its_reserve_and_allocates_past_it() {
 
 #[test]
 fn a_bounded_pool_runs_dry_and_a_lost_buffer_is_found() {
-    let qpw = logical(1);
+    let qpw = remote(1);
     let _bound = qpw.bind_current(0).unwrap();
     let pool = GlobalPool::new(64, 2).unwrap();
     let a = pool.get().unwrap().unwrap();
@@ -78,7 +73,7 @@ fn a_bounded_pool_runs_dry_and_a_lost_buffer_is_found() {
 
 #[test]
 fn a_buffer_from_another_pool_is_refused() {
-    let qpw = logical(1);
+    let qpw = remote(1);
     let _bound = qpw.bind_current(0).unwrap();
     let one = GlobalPool::new(64, 4).unwrap();
     let two = GlobalPool::new(64, 4).unwrap();
@@ -95,7 +90,7 @@ fn a_buffer_from_another_pool_is_refused() {
 
 #[test]
 fn per_cpu_pools_return_remote_frees_to_the_owner_lock_free() {
-    let qpw = logical(2);
+    let qpw = remote(2);
     let pool = PerCpuPools::new(&qpw, 64, 2).unwrap();
     let (a, b) = {
         let _bound = qpw.bind_current(0).unwrap();
@@ -124,14 +119,14 @@ fn per_cpu_pools_return_remote_frees_to_the_owner_lock_free() {
 
 #[test]
 fn an_unbound_thread_of_a_logical_instance_is_refused() {
-    let qpw = logical(2);
+    let qpw = remote(2);
     let pool = build(Design::PerCpuCache, &qpw, 64, 8, 2).unwrap();
     assert!(matches!(pool.get(), Err(PoolError::Qpw(_))));
 }
 
 #[test]
 fn ranges_are_named() {
-    let qpw = logical(1);
+    let qpw = remote(1);
     let e = GlobalPool::new(0, 4).unwrap_err().to_string();
     assert!(
         e.contains("buffer size 0") && e.contains("1-1048576"),

@@ -2,18 +2,12 @@
 //! buffer lost, none owned twice), and the memory bound of the per-CPU pools.
 #![cfg(not(loom))]
 
+mod common;
+
 use qpw_core::{CpuSpec, Policy, Qpw};
 use qpw_workloads::pool::{build, hackbench, BufferPool, Design, HackbenchConfig, PerCpuPools};
 
 const LOOPS: usize = if cfg!(miri) { 5 } else { 300 };
-
-fn instance(cpus: CpuSpec) -> Qpw {
-    Qpw::builder()
-        .cpus(cpus)
-        .policy(Policy::Remote)
-        .build()
-        .unwrap()
-}
 
 fn run_and_check(qpw: &Qpw, pool: &dyn BufferPool, config: &HackbenchConfig) {
     let report = hackbench(qpw, pool, config).unwrap();
@@ -35,7 +29,7 @@ fn run_and_check(qpw: &Qpw, pool: &dyn BufferPool, config: &HackbenchConfig) {
 
 #[test]
 fn stress_conservation_for_every_design_on_real_cpus() {
-    let qpw = instance(CpuSpec::Allowed);
+    let qpw = common::instance_on(CpuSpec::Allowed, Policy::Remote);
     let config = HackbenchConfig {
         groups: 3,
         fds: 4,
@@ -50,7 +44,7 @@ fn stress_conservation_for_every_design_on_real_cpus() {
 
 #[test]
 fn stress_conservation_for_every_design_on_logical_cpus() {
-    let qpw = instance(CpuSpec::Logical(8));
+    let qpw = common::instance_on(CpuSpec::Logical(8), Policy::Remote);
     let config = HackbenchConfig {
         groups: 4,
         fds: 3,
@@ -66,7 +60,7 @@ fn stress_conservation_for_every_design_on_logical_cpus() {
 
 #[test]
 fn per_cpu_pools_never_hold_more_than_configured() {
-    let qpw = instance(CpuSpec::Logical(4));
+    let qpw = common::instance_on(CpuSpec::Logical(4), Policy::Remote);
     let per_cpu = 2;
     let pool = PerCpuPools::new(&qpw, 256, per_cpu).unwrap();
     let configured = (4 * per_cpu) as u64;

@@ -2,22 +2,16 @@
 
 #![cfg(not(loom))]
 
+mod common;
 mod mm_common;
 
 use std::collections::BTreeSet;
 
+use common::{instance_on, mixed, remote_on};
 use proptest::prelude::*;
-use qpw_core::{CpuSpec, Mode, Policy, Qpw};
+use qpw_core::{CpuSpec, Mode, Policy};
 use qpw_workloads::slub::{Slub, SlubConfig, PCS_BATCH_MAX};
 use qpw_workloads::Workload;
-
-fn mixed() -> Qpw {
-    Qpw::builder()
-        .cpus(CpuSpec::Logical(2))
-        .policy(Policy::RemoteOn("1".parse().unwrap()))
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn smoke() {
@@ -41,11 +35,7 @@ fn smoke() {
 
 #[test]
 fn flush_all_queues_only_to_cpus_with_used_sheaves() {
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Logical(3))
-        .policy(Policy::RemoteOn("2".parse().unwrap()))
-        .build()
-        .unwrap();
+    let qpw = remote_on(3, "2");
     let slub = Slub::new(&qpw, SlubConfig::default()).unwrap();
     {
         let _bound = qpw.bind_current(1).unwrap();
@@ -128,11 +118,7 @@ fn full_sheaves_go_to_the_barn() {
 /// `sched_getcpu()` in the work tells.
 #[test]
 fn the_rcu_flush_runs_on_its_cpu_even_in_remote_mode() {
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Allowed)
-        .policy(Policy::Remote)
-        .build()
-        .unwrap();
+    let qpw = instance_on(CpuSpec::Allowed, Policy::Remote);
     assert!(qpw.cpus_in(Mode::Queue).is_empty());
     let slub = Slub::new(&qpw, SlubConfig::default()).unwrap();
     std::thread::scope(|s| {
