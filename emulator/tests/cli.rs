@@ -20,6 +20,20 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).expect("the JSON file parses")
 }
 
+/// Runs `qpw-emu` with the arguments of `line` (split at spaces) and `--json DIR/NAME`; the run
+/// must succeed with `stdout_has` in its output. Returns the JSON it wrote.
+fn run_json(dir: &Path, name: &str, line: &str, stdout_has: &str) -> Value {
+    let file = dir.join(name);
+    emu()
+        .args(line.split(' '))
+        .arg("--json")
+        .arg(&file)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(stdout_has));
+    read_json(&file)
+}
+
 fn assert_envelope(v: &Value) {
     for key in [
         "file_version",
@@ -45,14 +59,7 @@ fn assert_envelope(v: &Value) {
 #[test]
 fn smoke_oslat_writes_rt_tests_json() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("oslat.json");
-    emu()
-        .args(["oslat", "-D", "1", "-q", "--json"])
-        .arg(&file)
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("Maximum:"));
-    let v = read_json(&file);
+    let v = run_json(dir.path(), "oslat.json", "oslat -D 1 -q", "Maximum:");
     assert_envelope(&v);
     let t = &v["thread"]["0"];
     for key in ["cpu", "freq", "min", "avg", "max", "duration", "histogram"] {
@@ -74,25 +81,12 @@ fn smoke_oslat_writes_rt_tests_json() {
 #[test]
 fn smoke_cyclictest_writes_rt_tests_json() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("cyclictest.json");
-    emu()
-        .args([
-            "cyclictest",
-            "-D",
-            "1",
-            "-i",
-            "1000",
-            "-m",
-            "-q",
-            "-h",
-            "100",
-            "--json",
-        ])
-        .arg(&file)
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("# Max Latencies"));
-    let v = read_json(&file);
+    let v = run_json(
+        dir.path(),
+        "cyclictest.json",
+        "cyclictest -D 1 -i 1000 -m -q -h 100",
+        "# Max Latencies",
+    );
     assert_envelope(&v);
     assert!(v.get("resolution_in_ns").is_some());
     let t = &v["thread"]["0"];
@@ -111,24 +105,12 @@ fn smoke_cyclictest_writes_rt_tests_json() {
 fn oslat_under_each_mode_reports_the_requester() {
     let dir = tempfile::tempdir().unwrap();
     for mode in ["queue", "remote"] {
-        let file = dir.path().join(format!("{mode}.json"));
-        emu()
-            .args([
-                "oslat",
-                "-D",
-                "1",
-                "-q",
-                "--workload",
-                "counter",
-                "--mode",
-                mode,
-                "--json",
-            ])
-            .arg(&file)
-            .assert()
-            .success()
-            .stdout(predicate::str::contains("Requester"));
-        let v = read_json(&file);
+        let v = run_json(
+            dir.path(),
+            &format!("{mode}.json"),
+            &format!("oslat -D 1 -q --workload counter --mode {mode}"),
+            "Requester",
+        );
         assert_eq!(v["mode"], mode);
         assert_eq!(v["workload"], "counter");
         assert!(v["requester"]["drains"].as_u64().unwrap() > 0);
@@ -145,36 +127,19 @@ fn oslat_under_each_mode_reports_the_requester() {
 #[test]
 fn load_runs_for_its_duration_and_report_reads_results() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("load.json");
-    emu()
-        .args([
-            "load",
-            "-D",
-            "500ms",
-            "-q",
-            "--mode",
-            "remote",
-            "--workload",
-            "counter",
-            "--json",
-        ])
-        .arg(&file)
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("Requester"));
-    let v = read_json(&file);
+    let v = run_json(
+        dir.path(),
+        "load.json",
+        "load -D 500ms -q --mode remote --workload counter",
+        "Requester",
+    );
     assert!(v.get("cmdline:").is_some());
     assert!(v["requester"]["drains"].as_u64().unwrap() > 0);
 
-    let oslat = dir.path().join("o.json");
-    emu()
-        .args(["oslat", "-D", "500ms", "-q", "--json"])
-        .arg(&oslat)
-        .assert()
-        .success();
+    run_json(dir.path(), "o.json", "oslat -D 500ms -q", "Maximum:");
     emu()
         .arg("report")
-        .arg(&oslat)
+        .arg(dir.path().join("o.json"))
         .args(["--out"])
         .arg(dir.path())
         .assert()
@@ -184,153 +149,104 @@ fn load_runs_for_its_duration_and_report_reads_results() {
     assert!(dir.path().join("report-oslat-cdf.svg").exists());
 }
 
-/// Runs `args`, expecting failure with `Error: ` and every needle in stderr.
-fn rejects(args: &[&str], needles: &[&str]) {
-    let out = emu().args(args).output().unwrap();
-    assert!(!out.status.success(), "{args:?} should fail");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.starts_with("Error: "), "{args:?}: {err}");
-    for n in needles {
-        assert!(err.contains(n), "{args:?}: `{n}` not in: {err}");
+/// Runs each case's command line (`qpw-emu` arguments split at spaces), expecting failure with
+/// `Error: ` and both of its needles in stderr.
+fn rejects_all(cases: &[(&str, [&str; 2])]) {
+    for (line, needles) in cases {
+        let args: Vec<&str> = line.split(' ').collect();
+        let out = emu().args(&args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.starts_with("Error: "), "{args:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{args:?}: `{n}` not in: {err}");
+        }
     }
 }
 
 #[test]
 fn bad_oslat_values_name_the_flag_and_range() {
-    for (args, needles) in [
+    rejects_all(&[
+        ("oslat -b 0", ["--bucket-size 0", "1-4096"]),
+        ("oslat -b x", ["--bucket-size x", "1-4096"]),
+        ("oslat -b 5000", ["--bucket-size 5000", "1-4096"]),
+        ("oslat -W 0", ["--bucket-width 0", "1-1000000"]),
+        ("oslat -f 0", ["--rtprio 0", "1-99"]),
+        ("oslat -f 100", ["--rtprio 100", "1-99"]),
+        ("oslat -T 0", ["--trace-threshold 0", "1-10000000"]),
+        ("oslat -D 0", ["--duration 0", "1ms to 7d"]),
+        ("oslat -D 10x", ["--duration 10x", "1ms to 7d"]),
+        ("oslat -D 8d", ["--duration 8d", "1ms to 7d"]),
+        ("oslat -c 1-", ["--cpu-list 1-", "0,2-5"]),
+        ("oslat -c 4000", ["--cpu-list 4000", "0 to 1023"]),
+        ("oslat -c 1023", ["--cpu-list 1023", "allowed set"]),
+        ("oslat --drain-rate -1", ["--drain-rate -1", "0-100000"]),
+        ("oslat --drain-rate abc", ["--drain-rate abc", "0-100000"]),
         (
-            &["oslat", "-b", "0"][..],
-            &["--bucket-size 0", "1-4096"][..],
+            "oslat --local-op-every 0",
+            ["--local-op-every 0", "1-1000000"],
         ),
-        (&["oslat", "-b", "x"], &["--bucket-size x", "1-4096"]),
-        (&["oslat", "-b", "5000"], &["--bucket-size 5000", "1-4096"]),
-        (&["oslat", "-W", "0"], &["--bucket-width 0", "1-1000000"]),
-        (&["oslat", "-f", "0"], &["--rtprio 0", "1-99"]),
-        (&["oslat", "-f", "100"], &["--rtprio 100", "1-99"]),
+        ("oslat --drain-timeout 0", ["--drain-timeout 0", "1-60000"]),
+        ("oslat --load maybe", ["--load maybe", "`on` or `off`"]),
+        ("oslat --mode fast", ["--mode fast", "`queue` or `remote`"]),
         (
-            &["oslat", "-T", "0"],
-            &["--trace-threshold 0", "1-10000000"],
-        ),
-        (&["oslat", "-D", "0"], &["--duration 0", "1ms to 7d"]),
-        (&["oslat", "-D", "10x"], &["--duration 10x", "1ms to 7d"]),
-        (&["oslat", "-D", "8d"], &["--duration 8d", "1ms to 7d"]),
-        (&["oslat", "-c", "1-"], &["--cpu-list 1-", "0,2-5"]),
-        (&["oslat", "-c", "4000"], &["--cpu-list 4000", "0 to 1023"]),
-        (
-            &["oslat", "-c", "1023"],
-            &["--cpu-list 1023", "allowed set"],
-        ),
-        (
-            &["oslat", "--drain-rate", "-1"],
-            &["--drain-rate -1", "0-100000"],
-        ),
-        (
-            &["oslat", "--drain-rate", "abc"],
-            &["--drain-rate abc", "0-100000"],
+            "oslat --workload slab",
+            ["--workload slab", "lru, memcg, slub, pcp, counter"],
         ),
         (
-            &["oslat", "--local-op-every", "0"],
-            &["--local-op-every 0", "1-1000000"],
+            "oslat --requester-cpu 999",
+            ["--requester-cpu 999", "allowed set"],
         ),
-        (
-            &["oslat", "--drain-timeout", "0"],
-            &["--drain-timeout 0", "1-60000"],
-        ),
-        (
-            &["oslat", "--load", "maybe"],
-            &["--load maybe", "`on` or `off`"],
-        ),
-        (
-            &["oslat", "--mode", "fast"],
-            &["--mode fast", "`queue` or `remote`"],
-        ),
-        (
-            &["oslat", "--workload", "slab"],
-            &["--workload slab", "lru, memcg, slub, pcp, counter"],
-        ),
-        (
-            &["oslat", "--requester-cpu", "999"],
-            &["--requester-cpu 999", "allowed set"],
-        ),
-    ] {
-        rejects(args, needles);
-    }
+    ]);
 }
 
 #[test]
 fn bad_cyclictest_values_name_the_flag_and_range() {
-    for (args, needles) in [
+    rejects_all(&[
+        ("cyclictest -t 0", ["--threads 0", "1-1024"]),
+        ("cyclictest -p 100", ["--priority 100", "0-99"]),
+        ("cyclictest -i 5", ["--interval 5", "10-1000000"]),
+        ("cyclictest -h 0", ["--histogram 0", "1-1000000"]),
+        ("cyclictest -b 0", ["--breaktrace 0", "1-10000000"]),
+        ("cyclictest -D 2y", ["--duration 2y", "1ms to 7d"]),
+        ("cyclictest -a x", ["--affinity x", "not a CPU number"]),
         (
-            &["cyclictest", "-t", "0"][..],
-            &["--threads 0", "1-1024"][..],
+            "cyclictest --drain-rate 1e9",
+            ["--drain-rate 1e9", "0-100000"],
         ),
-        (&["cyclictest", "-p", "100"], &["--priority 100", "0-99"]),
-        (&["cyclictest", "-i", "5"], &["--interval 5", "10-1000000"]),
-        (&["cyclictest", "-h", "0"], &["--histogram 0", "1-1000000"]),
-        (
-            &["cyclictest", "-b", "0"],
-            &["--breaktrace 0", "1-10000000"],
-        ),
-        (&["cyclictest", "-D", "2y"], &["--duration 2y", "1ms to 7d"]),
-        (
-            &["cyclictest", "-a", "x"],
-            &["--affinity x", "not a CPU number"],
-        ),
-        (
-            &["cyclictest", "--drain-rate", "1e9"],
-            &["--drain-rate 1e9", "0-100000"],
-        ),
-    ] {
-        rejects(args, needles);
-    }
+    ]);
 }
 
 #[test]
 fn bad_run_and_load_values_name_the_flag_and_range() {
-    for (args, needles) in [
-        (&["run", "-D", "0"][..], &["--duration 0", "1ms to 7d"][..]),
+    rejects_all(&[
+        ("run -D 0", ["--duration 0", "1ms to 7d"]),
+        ("run --drain-rate 0", ["--drain-rate 0", "1-100000"]),
+        ("run --target 999", ["--target 999", "allowed set"]),
+        ("run -f 0", ["--rtprio 0", "1-99"]),
         (
-            &["run", "--drain-rate", "0"],
-            &["--drain-rate 0", "1-100000"],
+            "run --local-op-every 0",
+            ["--local-op-every 0", "1-1000000"],
         ),
         (
-            &["run", "--target", "999"],
-            &["--target 999", "allowed set"],
+            "run --workloads lru,foo",
+            ["--workloads lru,foo", "unknown workload `foo`"],
         ),
-        (&["run", "-f", "0"], &["--rtprio 0", "1-99"]),
-        (
-            &["run", "--local-op-every", "0"],
-            &["--local-op-every 0", "1-1000000"],
-        ),
-        (
-            &["run", "--workloads", "lru,foo"],
-            &["--workloads lru,foo", "unknown workload `foo`"],
-        ),
-        (&["load", "-D", "0"], &["--duration 0", "1ms to 7d"]),
-        (
-            &["load", "--free", "5-2"],
-            &["--free 5-2", "runs backwards"],
-        ),
-        (
-            &["load", "--drain-rate", "x"],
-            &["--drain-rate x", "0-100000"],
-        ),
-    ] {
-        rejects(args, needles);
-    }
+        ("load -D 0", ["--duration 0", "1ms to 7d"]),
+        ("load --free 5-2", ["--free 5-2", "runs backwards"]),
+        ("load --drain-rate x", ["--drain-rate x", "0-100000"]),
+    ]);
 }
 
 #[test]
 fn pool_figures_print_and_export() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("pool.json");
-    emu()
-        .args(["pool", "-q", "--loops", "10", "--json"])
-        .arg(&file)
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("percpu-pools"));
-    let v = read_json(&file);
+    let v = run_json(
+        dir.path(),
+        "pool.json",
+        "pool -q --loops 10",
+        "percpu-pools",
+    );
     assert!(v.get("cmdline:").is_some());
     let runs = v["runs"].as_array().unwrap();
     assert!(!runs.is_empty());
@@ -341,17 +257,9 @@ fn pool_figures_print_and_export() {
 
 #[test]
 fn bad_figures_values_name_the_flag_and_range() {
-    for (args, needles) in [
-        (
-            &["resctrl", "--groups", "0"][..],
-            &["--groups 0", "1-4095"][..],
-        ),
-        (
-            &["resctrl", "--passes", "1001"],
-            &["--passes 1001", "1-1000"],
-        ),
-        (&["pool", "--loops", "-3"], &["--loops -3", "1-100000"]),
-    ] {
-        rejects(args, needles);
-    }
+    rejects_all(&[
+        ("resctrl --groups 0", ["--groups 0", "1-4095"]),
+        ("resctrl --passes 1001", ["--passes 1001", "1-1000"]),
+        ("pool --loops -3", ["--loops -3", "1-100000"]),
+    ]);
 }
