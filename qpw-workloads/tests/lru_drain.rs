@@ -219,17 +219,4 @@ fn stress(policy: &str) {
     );
 }
 
-#[test]
-fn stress_queue() {
-    stress("queue");
-}
-
-#[test]
-fn stress_remote() {
-    stress("remote");
-}
-
-#[test]
-fn stress_isolated() {
-    stress("isolated");
-}
+mm_common::stress_tests!(stress);

@@ -318,20 +318,9 @@ fn stress(policy: &str, strategy: StockDrainStrategy) -> (Vec<qpw_workloads::Cpu
     (counters, memcg)
 }
 
-#[test]
-fn stress_queue() {
-    stress("queue", StockDrainStrategy::PerCpuWork);
-}
-
-#[test]
-fn stress_remote() {
-    stress("remote", StockDrainStrategy::PerCpuWork);
-}
-
-#[test]
-fn stress_isolated() {
-    stress("isolated", StockDrainStrategy::PerCpuWork);
-}
+mm_common::stress_tests!(|policy| {
+    stress(policy, StockDrainStrategy::PerCpuWork);
+});
 
 #[test]
 fn stress_isolated_skipping_isolated_cpus() {

@@ -224,17 +224,4 @@ fn stress(policy: &str) {
     assert!(pcp.pcp_counts().iter().all(|&(_, n)| n == 0));
 }
 
-#[test]
-fn stress_queue() {
-    stress("queue");
-}
-
-#[test]
-fn stress_remote() {
-    stress("remote");
-}
-
-#[test]
-fn stress_isolated() {
-    stress("isolated");
-}
+mm_common::stress_tests!(stress);

@@ -253,17 +253,4 @@ fn stress(policy: &str) {
     slub.check_conservation().unwrap();
 }
 
-#[test]
-fn stress_queue() {
-    stress("queue");
-}
-
-#[test]
-fn stress_remote() {
-    stress("remote");
-}
-
-#[test]
-fn stress_isolated() {
-    stress("isolated");
-}
+mm_common::stress_tests!(stress);

@@ -147,3 +147,25 @@ pub fn check_drained_by_mode(qpw: &Qpw, counters: &[CpuCounters], drained: impl 
         }
     }
 }
+
+/// Expands to the three stress tests of a workload, `stress_queue`, `stress_remote` and
+/// `stress_isolated`, each calling `$stress` with its policy's name (see [`instance`]).
+macro_rules! stress_tests {
+    ($stress:expr) => {
+        #[test]
+        fn stress_queue() {
+            ($stress)("queue");
+        }
+
+        #[test]
+        fn stress_remote() {
+            ($stress)("remote");
+        }
+
+        #[test]
+        fn stress_isolated() {
+            ($stress)("isolated");
+        }
+    };
+}
+pub(crate) use stress_tests;
