@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 
 use crate::clock::{monotonic_ns, sleep_until_ns};
 use crate::hist::Histogram;
@@ -25,6 +25,7 @@ use crate::json::ThreadFigures;
 use crate::load::Phase;
 use crate::oslat::LocalOp;
 use crate::progress::Progress;
+use crate::threads;
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -129,34 +130,12 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>) -> Result<CyclicRun> {
             .context("cannot start a cyclictest thread")?;
         handles.push(h);
     }
-    while ctl.started.load(Ordering::SeqCst) < n && !handles.iter().any(|h| h.is_finished()) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    threads::wait_for(&ctl.started, n, &handles);
     ctl.go.store(true, Ordering::SeqCst);
     phase.go();
     let progress = Progress::new(&cfg.label, cfg.duration, cfg.quiet);
-    let end = std::time::Instant::now() + cfg.duration;
-    let mut interrupted = false;
-    while std::time::Instant::now() < end && !ctl.stop.load(Ordering::SeqCst) {
-        if crate::rt::interrupted() {
-            interrupted = true;
-            break;
-        }
-        progress.tick();
-        std::thread::sleep(
-            Duration::from_millis(50).min(end.saturating_duration_since(std::time::Instant::now())),
-        );
-    }
-    ctl.stop.store(true, Ordering::SeqCst);
-    phase.stop();
-    progress.finish();
-    let mut threads = Vec::with_capacity(n);
-    for h in handles {
-        threads.push(
-            h.join()
-                .map_err(|_| anyhow!("a cyclictest thread panicked"))??,
-        );
-    }
+    let interrupted = threads::measure_for(cfg.duration, &ctl.stop, || false, &progress, phase);
+    let threads = threads::join_all(handles, "a cyclictest thread panicked")?;
     let break_hit = *ctl.break_hit.lock().unwrap_or_else(|e| e.into_inner());
     let warnings = std::mem::take(&mut *ctl.warnings.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(CyclicRun {

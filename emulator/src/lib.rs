@@ -31,8 +31,8 @@
 //!
 //! The binary's `main` only prints `Error: {e:#}` and sets the exit code; every option reaches
 //! the commands as text and is validated there, with errors that quote the flag and its legal
-//! range. One module per concern: the probes ([`oslat`], [`cyclictest`]), their clock
-//! ([`clock`]), histograms ([`hist`]), the real-time setup and its warnings ([`rt`]), the load
+//! range. One module per concern: the probes ([`oslat`], [`cyclictest`]) and what they do alike
+//! with their threads ([`threads`]), their clock ([`clock`]), histograms ([`hist`]), the real-time setup and its warnings ([`rt`]), the load
 //! ([`load`], [`scenario`]), the built-in minimal workload ([`counter`]), one exporter per
 //! format ([`json`], [`svg`], [`report`]), and the commands ([`commands`], [`experiment`],
 //! [`figures`]).
@@ -55,5 +55,6 @@ pub mod report;
 pub mod rt;
 pub mod scenario;
 pub mod svg;
+pub mod threads;
 pub mod validate;
 pub mod workload;

@@ -29,6 +29,7 @@ use crate::hist::Histogram;
 use crate::json::ThreadFigures;
 use crate::load::Phase;
 use crate::progress::Progress;
+use crate::threads;
 
 /// The probe's local operation.
 #[derive(Debug, Clone)]
@@ -166,42 +167,20 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
         }
     }
     // Wait until every thread has pinned itself, then let them go.
-    while ctl.started.load(Ordering::SeqCst) < n && !handles.iter().any(|h| h.is_finished()) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    threads::wait_for(&ctl.started, n, &handles);
     ctl.go.store(true, Ordering::SeqCst);
     // Release the load once every thread measures.
-    while ctl.running.load(Ordering::SeqCst) < n && !handles.iter().any(|h| h.is_finished()) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    threads::wait_for(&ctl.running, n, &handles);
     phase.go();
     let progress = match cfg.progress_span {
         Some((done, total)) => Progress::part(&cfg.label, done, total, cfg.quiet),
         None => Progress::new(&cfg.label, cfg.duration, cfg.quiet),
     };
-    let end = std::time::Instant::now() + cfg.duration;
-    let mut interrupted = false;
-    while std::time::Instant::now() < end && !ctl.stop.load(Ordering::SeqCst) {
-        if crate::rt::interrupted() {
-            interrupted = true;
-            break;
-        }
-        if handles.iter().any(|h| h.is_finished()) {
-            break;
-        }
-        progress.tick();
-        std::thread::sleep(
-            Duration::from_millis(50).min(end.saturating_duration_since(std::time::Instant::now())),
-        );
-    }
-    ctl.stop.store(true, Ordering::SeqCst);
-    phase.stop();
-    progress.finish();
+    // A thread that ended early failed: stop measuring.
+    let thread_ended = || handles.iter().any(|h| h.is_finished());
+    let interrupted = threads::measure_for(cfg.duration, &ctl.stop, thread_ended, &progress, phase);
 
-    let mut threads = Vec::with_capacity(n);
-    for h in handles {
-        threads.push(h.join().map_err(|_| anyhow!("a probe thread panicked"))??);
-    }
+    let threads = threads::join_all(handles, "a probe thread panicked")?;
     let threshold_hit = *ctl.threshold_hit.lock().unwrap_or_else(|e| e.into_inner());
     let warnings = std::mem::take(&mut *ctl.warnings.lock().unwrap_or_else(|e| e.into_inner()));
     Ok(OslatRun {

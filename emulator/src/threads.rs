@@ -1,0 +1,61 @@
+//! The steps the probes ([`crate::oslat`], [`crate::cyclictest`]) take alike with their measuring
+//! threads: wait for them at a barrier, time the measuring window while showing progress, and
+//! join them.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Result};
+
+use crate::load::Phase;
+use crate::progress::Progress;
+
+/// Waits until `arrived` counts `n` threads, or until one of `threads` has ended (a thread that
+/// failed never arrives, so waiting on would never end).
+pub fn wait_for<T>(arrived: &AtomicUsize, n: usize, threads: &[JoinHandle<T>]) {
+    while arrived.load(Ordering::SeqCst) < n && !threads.iter().any(|h| h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Lets the threads measure for `duration`, redrawing `progress`, until the time is up, `stop`
+/// is set, SIGINT arrives, or `cut_short` says so; then sets `stop`, stops `phase` (the load)
+/// and clears the progress line. Returns whether SIGINT ended the window.
+pub fn measure_for(
+    duration: Duration,
+    stop: &AtomicBool,
+    cut_short: impl Fn() -> bool,
+    progress: &Progress,
+    phase: &Phase,
+) -> bool {
+    let end = Instant::now() + duration;
+    let mut interrupted = false;
+    while Instant::now() < end && !stop.load(Ordering::SeqCst) {
+        if crate::rt::interrupted() {
+            interrupted = true;
+            break;
+        }
+        if cut_short() {
+            break;
+        }
+        progress.tick();
+        std::thread::sleep(
+            Duration::from_millis(50).min(end.saturating_duration_since(Instant::now())),
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    phase.stop();
+    progress.finish();
+    interrupted
+}
+
+/// Joins the threads in order and returns their results; the first error (or `panicked`, for a
+/// thread that panicked) ends it.
+pub fn join_all<T>(threads: Vec<JoinHandle<Result<T>>>, panicked: &str) -> Result<Vec<T>> {
+    let mut results = Vec::with_capacity(threads.len());
+    for h in threads {
+        results.push(h.join().map_err(|_| anyhow!("{panicked}"))??);
+    }
+    Ok(results)
+}
