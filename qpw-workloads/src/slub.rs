@@ -373,9 +373,20 @@ impl Slub {
     /// `kmem_cache_free()` through `free_to_pcs()`: pushes `object` to the calling CPU's main
     /// sheaf, after making room when it is full.
     pub fn kmem_cache_free(&self, object: Object) -> Result<(), WorkloadError> {
+        self.take_back(object, Self::free_locked)
+    }
+
+    /// Takes `object` back from a caller of [`kmem_cache_alloc`](Self::kmem_cache_alloc):
+    /// refuses an object the cache does not have, otherwise hands it to `free` (one of the
+    /// free paths) under the calling CPU's lock.
+    fn take_back(
+        &self,
+        object: Object,
+        free: fn(&Self, &mut PerCpuGuard<'_, Sheaves>, Object),
+    ) -> Result<(), WorkloadError> {
         WorkloadError::check("object", object as usize, 0, self.shared.objects - 1)?;
         let mut pcs = self.shared.pcs.lock_local()?;
-        self.free_locked(&mut pcs, object);
+        free(self, &mut pcs, object);
         self.shared.outstanding.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
@@ -419,11 +430,7 @@ impl Slub {
     /// `kfree_rcu()` through `__kfree_rcu_sheaf()`: puts `object` in the calling CPU's rcu
     /// sheaf, handed to `call_rcu()` when full.
     pub fn kfree_rcu(&self, object: Object) -> Result<(), WorkloadError> {
-        WorkloadError::check("object", object as usize, 0, self.shared.objects - 1)?;
-        let mut pcs = self.shared.pcs.lock_local()?;
-        self.kfree_rcu_locked(&mut pcs, object);
-        self.shared.outstanding.fetch_sub(1, Ordering::Relaxed);
-        Ok(())
+        self.take_back(object, Self::kfree_rcu_locked)
     }
 
     fn kfree_rcu_locked(&self, pcs: &mut PerCpuGuard<'_, Sheaves>, object: Object) {
