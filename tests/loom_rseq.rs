@@ -115,47 +115,40 @@ fn loom_rseq_handoff_against_a_retaking_releaser() {
     });
 }
 
-/// Two threads of CPU 0 race for a free lock: the sequences exclude each other.
-#[test]
-fn loom_rseq_same_cpu_race() {
-    loom::model(|| {
+/// Checks a race between a spawned thread that runs on `spawned_cpu` and increments (migrating
+/// to `spawned_migrates_to` while it holds the lock, if given) and the main thread, which
+/// increments on CPU 0; then reads the total from `reader_cpu`: both increments, once each.
+fn race_with_cpu_0(spawned_cpu: usize, spawned_migrates_to: Option<usize>, reader_cpu: usize) {
+    loom::model(move || {
         let counter = Counter::new();
-        let other = spawn_increment(&counter, 0, None);
+        let other = spawn_increment(&counter, spawned_cpu, spawned_migrates_to);
         migrate_to(Some(0));
         counter.increment(None);
         other.join().unwrap();
+        migrate_to(Some(reader_cpu));
         assert_eq!(counter.value(), 2);
     });
 }
 
+/// Two threads of CPU 0 race for a free lock: the sequences exclude each other.
+#[test]
+fn loom_rseq_same_cpu_race() {
+    race_with_cpu_0(0, None, 0);
+}
+
 /// A holder takes the lock on CPU 0, migrates to CPU 1 and releases from there with a plain
-/// store, while a thread of CPU 0 competes: the release reaches it, and so does the data.
+/// store, while a thread of CPU 0 competes: the release reaches it, and so does the data (read
+/// from CPU 1: the fenced path).
 #[test]
 fn loom_rseq_migrated_holder() {
-    loom::model(|| {
-        let counter = Counter::new();
-        let mover = spawn_increment(&counter, 0, Some(1));
-        migrate_to(Some(0));
-        counter.increment(None);
-        mover.join().unwrap();
-        // The reader runs on CPU 1: the fenced path.
-        migrate_to(Some(1));
-        assert_eq!(counter.value(), 2);
-    });
+    race_with_cpu_0(0, Some(1), 1);
 }
 
 /// A thread of CPU 1 takes CPU 0's lock through the fenced path (`CAS`, fence the CPU,
 /// check) while a thread of CPU 0 takes it by sequence: never both.
 #[test]
 fn loom_rseq_fenced_taker_vs_owner() {
-    loom::model(|| {
-        let counter = Counter::new();
-        let remote = spawn_increment(&counter, 1, None);
-        migrate_to(Some(0));
-        counter.increment(None);
-        remote.join().unwrap();
-        assert_eq!(counter.value(), 2);
-    });
+    race_with_cpu_0(1, None, 0);
 }
 
 /// The framework around it: a queue-mode CPU whose slot is behind an `RseqLock`; a bound
