@@ -151,13 +151,7 @@ impl Workload for Counter {
                 self.stats[i].drains_remote.fetch_add(1, Ordering::Relaxed);
             }
         }
-        DrainOutcome {
-            queued: report.queued.len(),
-            ran_remote: report.ran_remote.len(),
-            skipped_cpus: report.skipped.len(),
-            skipped: false,
-            errors: report.errors,
-        }
+        DrainOutcome::from_report(report)
     }
 
     fn counters(&self) -> Vec<CpuCounters> {

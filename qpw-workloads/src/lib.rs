@@ -355,8 +355,9 @@ impl DrainOutcome {
         }
     }
 
-    /// The outcome of a drain that went through [`qpw_core::PerCpuWork::drain_all`].
-    pub(crate) fn from_report(report: qpw_core::DrainReport) -> Self {
+    /// The outcome of a drain that went through [`qpw_core::PerCpuWork::drain_all`] (or
+    /// `drain_all_timeout`): the CPUs queued, run remotely and skipped, and the errors.
+    pub fn from_report(report: qpw_core::DrainReport) -> Self {
         DrainOutcome {
             queued: report.queued.len(),
             ran_remote: report.ran_remote.len(),
