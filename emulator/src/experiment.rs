@@ -235,6 +235,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// What one round of a scenario measured on the target, kept apart so that each round can be
+/// compared with the idle baseline of the same round.
+struct RoundPart {
+    hist: Histogram,
+    seconds: f64,
+    target_drains: u64,
+}
+
 /// One scenario's measurements, accumulated over the rounds.
 struct Acc {
     name: String,
@@ -251,6 +259,8 @@ struct Acc {
     target_drains: u64,
     qpw_desc: String,
     rounds: u32,
+    /// The target's figures of each round, in order.
+    by_round: Vec<RoundPart>,
 }
 
 impl Acc {
@@ -270,6 +280,7 @@ impl Acc {
             target_drains: 0,
             qpw_desc: String::new(),
             rounds: 0,
+            by_round: Vec::new(),
         }
     }
 }
@@ -360,6 +371,11 @@ impl Ctx {
                 None => acc.requester = Some((r.clone(), h.clone())),
             }
         }
+        acc.by_round.push(RoundPart {
+            hist: thread.hist.clone(),
+            seconds: thread.duration_s,
+            target_drains: outcome.target_drains,
+        });
         acc.qpw_desc = qpw_desc;
         acc.rounds += 1;
         self.done += 1;
@@ -383,6 +399,39 @@ impl Ctx {
         }
     }
 
+    /// A scenario's excess interruptions per drain in each round, against the idle rate of the
+    /// same round (the idle scenario runs first in every round), or `pooled_baseline` for a
+    /// round the idle scenario has no slice of.
+    fn excess_by_round(
+        &self,
+        acc: &Acc,
+        threshold_ns: u64,
+        pooled_baseline: f64,
+    ) -> Vec<Option<f64>> {
+        let idle = self
+            .scenarios
+            .first()
+            .map(|idle| idle.by_round.as_slice())
+            .unwrap_or_default();
+        acc.by_round
+            .iter()
+            .enumerate()
+            .map(|(k, part)| {
+                if part.target_drains == 0 {
+                    return None;
+                }
+                let baseline = idle
+                    .get(k)
+                    .filter(|i| i.seconds > 0.0)
+                    .map_or(pooled_baseline, |i| {
+                        i.hist.count_at_least(threshold_ns) as f64 / i.seconds
+                    });
+                let count = part.hist.count_at_least(threshold_ns) as f64;
+                Some((count - baseline * part.seconds) / part.target_drains as f64)
+            })
+            .collect()
+    }
+
     /// A scenario's JSON document, from what it has accumulated.
     fn document(&self, acc: &Acc) -> crate::json::Envelope<crate::json::OslatBody> {
         let threshold = self.threshold();
@@ -401,7 +450,13 @@ impl Ctx {
                 drains_reaching_target: acc.target_drains,
                 excess_per_drain: (acc.target_drains > 0)
                     .then(|| excess / acc.target_drains as f64),
+                excess_per_drain_by_round: self.excess_by_round(acc, ns, baseline),
+                excess_per_drain_median: None,
             }
+        });
+        let interruptions = interruptions.map(|mut i| {
+            i.excess_per_drain_median = median(i.excess_per_drain_by_round.iter().flatten());
+            i
         });
         let spec_mode = (acc.rate > 0.0).then(|| acc.mode.name().to_string());
         let settings = Settings {
@@ -492,18 +547,28 @@ impl Ctx {
                 (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
                 _ => "n/a".to_string(),
             };
+            let two = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
+            let by_round = |row: &Row| {
+                let parts: Vec<String> = row
+                    .excess_per_drain_by_round
+                    .iter()
+                    .map(|&v| two(v))
+                    .collect();
+                parts.join("/")
+            };
             lines.push(format!(
                 "{w}: queue/remote drain p50 {}, p99 {}; target interruptions/s {:.0} vs {:.0} \
-                 (idle {:.0}); excess interruptions per drain {} vs {}",
+                 (idle {:.0}); excess interruptions per drain {} vs {} (median of the rounds; \
+                 by round {} vs {})",
                 ratio(q.drain_p50, r.drain_p50),
                 ratio(q.drain_p99, r.drain_p99),
                 q.interruptions_per_s.unwrap_or(0.0),
                 r.interruptions_per_s.unwrap_or(0.0),
                 baseline,
-                q.excess_per_drain
-                    .map_or("n/a".into(), |v| format!("{v:.2}")),
-                r.excess_per_drain
-                    .map_or("n/a".into(), |v| format!("{v:.2}")),
+                two(q.excess_per_drain),
+                two(r.excess_per_drain),
+                by_round(q),
+                by_round(r),
             ));
             if q.target_drains == Some(0) {
                 lines.push(format!(
@@ -641,4 +706,33 @@ pub fn derive_threshold(idle: &Histogram) -> (u64, String) {
             p as f64 / 1000.0
         ),
     )
+}
+
+/// The median of `values` (the mean of the middle two for an even count), or `None` if there
+/// are none.
+fn median<'a>(values: impl IntoIterator<Item = &'a f64>) -> Option<f64> {
+    let mut v: Vec<f64> = values.into_iter().copied().collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_even_and_no_values() {
+        assert_eq!(median(&[3.0, -1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[0.5]), Some(0.5));
+        assert_eq!(median(&[]), None);
+    }
 }

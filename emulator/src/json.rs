@@ -257,6 +257,15 @@ pub struct Interruptions {
     pub drains_reaching_target: u64,
     /// (count - baseline rate x seconds) / drains reaching the target.
     pub excess_per_drain: Option<f64>,
+    /// The same figure round by round (`qpw-emu run` interleaves its scenarios in rounds), each
+    /// against the idle rate of its own round, the baseline nearest in time; `None` for a round
+    /// in which no drain reached the target. Empty outside `qpw-emu run`.
+    #[serde(default)]
+    pub excess_per_drain_by_round: Vec<Option<f64>>,
+    /// The median of `excess_per_drain_by_round`: a burst of the machine's noise that lands in
+    /// one round moves it less than it moves the pooled figure.
+    #[serde(default)]
+    pub excess_per_drain_median: Option<f64>,
 }
 
 /// Histogram buckets as rt-tests writes them: an object of count by upper-edge label, in

@@ -19,7 +19,9 @@
 //!   above a threshold derived from the idle baseline (2 x its p99.99, at least 1 us); *in op*:
 //!   of those, the ones that contained the probe's own local operation (waiting for its CPU's
 //!   lock rather than being preempted); *per s*; *per drain*: (interruptions - idle rate x
-//!   seconds) / drains that reached the target;
+//!   seconds) / drains that reached the target, worked out for each round against the idle
+//!   rate of the same round, and the median of the rounds shown (the JSON has each round's
+//!   figure and the pooled one);
 //! - **requester** (right): drains done at the fixed rate, drain time p50, p99, max, and
 //!   *stalls* (drains whose queued work did not finish within the 1 s timeout).
 //!

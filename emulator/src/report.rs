@@ -47,8 +47,13 @@ pub struct Row {
     /// Of the interruptions, those that contained the probe's own local operation.
     #[serde(default)]
     pub during_local_op: Option<u64>,
-    /// Interruptions beyond the idle rate, per drain that reached the target.
+    /// Interruptions beyond the idle rate, per drain that reached the target: the median over
+    /// the rounds of `qpw-emu run` (each against its own round's idle rate), else the figure
+    /// pooled over the whole run.
     pub excess_per_drain: Option<f64>,
+    /// The same, round by round (`qpw-emu run` only).
+    #[serde(default)]
+    pub excess_per_drain_by_round: Vec<Option<f64>>,
     /// Drains that reached the target.
     pub target_drains: Option<u64>,
     /// Requester drains.
@@ -135,7 +140,10 @@ impl Row {
             interruptions: i.map(|i| i.count),
             interruptions_per_s: i.map(|i| i.per_second),
             during_local_op: i.map(|i| i.during_local_op),
-            excess_per_drain: i.and_then(|i| i.excess_per_drain),
+            excess_per_drain: i.and_then(|i| i.excess_per_drain_median.or(i.excess_per_drain)),
+            excess_per_drain_by_round: i
+                .map(|i| i.excess_per_drain_by_round.clone())
+                .unwrap_or_default(),
             target_drains: i.map(|i| i.drains_reaching_target),
             drains: r.map(|r| r.drains),
             drain_p50: r.map(|r| r.time_us.p50),

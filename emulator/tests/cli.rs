@@ -263,3 +263,53 @@ fn bad_figures_values_name_the_flag_and_range() {
         ("pool --loops -3", ["--loops -3", "1-100000"]),
     ]);
 }
+
+/// A short default experiment: every scenario's JSON carries the excess interruptions per drain
+/// of each round, and the table's figure is their median.
+#[test]
+fn run_reports_excess_interruptions_round_by_round() {
+    let dir = tempfile::tempdir().unwrap();
+    emu()
+        .args([
+            "run",
+            "-D",
+            "1200ms",
+            "--rounds",
+            "3",
+            "--workloads",
+            "counter",
+            "--out",
+        ])
+        .arg(dir.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("median of the rounds"));
+    let summary = read_json(&dir.path().join("summary.json"));
+    assert_eq!(summary["rounds"], 3);
+    let rows = summary["rows"].as_array().unwrap();
+    for name in ["queue-counter", "remote-counter"] {
+        let v = read_json(&dir.path().join(format!("{name}.json")));
+        let i = &v["interruptions"];
+        let by_round = i["excess_per_drain_by_round"].as_array().unwrap();
+        assert_eq!(by_round.len(), 3, "{name}: {i}");
+        let mut known: Vec<f64> = by_round.iter().filter_map(Value::as_f64).collect();
+        known.sort_by(f64::total_cmp);
+        let row = rows.iter().find(|r| r["name"] == name).unwrap();
+        match known.len() {
+            0 => assert!(i["excess_per_drain_median"].is_null(), "{name}: {i}"),
+            n => {
+                let median = if n % 2 == 1 {
+                    known[n / 2]
+                } else {
+                    (known[n / 2 - 1] + known[n / 2]) / 2.0
+                };
+                assert_eq!(
+                    i["excess_per_drain_median"].as_f64(),
+                    Some(median),
+                    "{name}"
+                );
+                assert_eq!(row["excess_per_drain"].as_f64(), Some(median), "{name}");
+            }
+        }
+    }
+}
