@@ -411,27 +411,18 @@ impl RseqLock {
     }
 
     /// Everything but an uncontended acquisition on the lock's CPU: an aborted sequence is
-    /// run again, and a busy lock (or one of another CPU) is waited for.
+    /// run again, and a busy lock (or one of another CPU) is waited for, except that with
+    /// `elsewhere_gives_up` a thread that runs on another CPU gets `Elsewhere` and nothing
+    /// taken (`lock_on_current_cpu`'s contract).
     #[cold]
-    fn lock_contended(&self) {
-        if self.fallback() {
-            self.fair.lock();
-        } else if self.section_retrying() != Section::Acquired {
-            self.lock_slow();
-        }
-    }
-
-    /// `lock_on_current_cpu` after its first sequence failed: `Elsewhere` when the thread
-    /// runs on another CPU, else the lock, waited for if need be.
-    #[cold]
-    fn lock_on_current_cpu_slow(&self) -> LocalAttempt {
+    fn acquire_slow(&self, elsewhere_gives_up: bool) -> LocalAttempt {
         if self.fallback() {
             self.fair.lock();
             return LocalAttempt::Locked;
         }
         match self.section_retrying() {
             Section::Acquired => LocalAttempt::Locked,
-            Section::WrongCpu => LocalAttempt::Elsewhere,
+            Section::WrongCpu if elsewhere_gives_up => LocalAttempt::Elsewhere,
             _ => {
                 self.lock_slow();
                 LocalAttempt::Locked
@@ -565,7 +556,8 @@ unsafe impl RawLocalLock for RseqLock {
     fn lock(&self) {
         // The sequence first: in the fallback it always answers `WrongCpu` (see `cpu`).
         if self.section() != Section::Acquired {
-            self.lock_contended();
+            let taken = self.acquire_slow(false);
+            debug_assert_eq!(taken, LocalAttempt::Locked);
         }
     }
 
@@ -605,7 +597,7 @@ unsafe impl RawLocalLock for RseqLock {
         if self.section() == Section::Acquired {
             return LocalAttempt::Locked;
         }
-        self.lock_on_current_cpu_slow()
+        self.acquire_slow(true)
     }
 }
 
