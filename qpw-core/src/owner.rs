@@ -165,7 +165,7 @@ impl<T> fmt::Debug for OwnedPerCpu<T> {
 
 impl<T> OwnedPerCpu<T> {
     pub(crate) fn new(inner: Arc<Inner>, mut init: impl FnMut(usize) -> T) -> Self {
-        let slots = inner
+        let slots: Box<[CachePadded<OwnedSlot<T>>]> = inner
             .managed
             .iter()
             .zip(&inner.phys)
@@ -180,7 +180,6 @@ impl<T> OwnedPerCpu<T> {
                 })
             })
             .collect();
-        let slots: Box<[CachePadded<OwnedSlot<T>>]> = slots;
         inner
             .workers
             .adopt_mailboxes(slots.iter().map(|slot| slot.mailbox.clone()));
