@@ -440,6 +440,7 @@ impl Ctx {
         let interruptions = threshold.map(|(ns, rule)| {
             let count = acc.hist.count_at_least(ns);
             let excess = count as f64 - baseline * seconds;
+            let by_round = self.excess_by_round(acc, ns, baseline);
             Interruptions {
                 threshold_us: ns as f64 / 1000.0,
                 rule,
@@ -450,13 +451,9 @@ impl Ctx {
                 drains_reaching_target: acc.target_drains,
                 excess_per_drain: (acc.target_drains > 0)
                     .then(|| excess / acc.target_drains as f64),
-                excess_per_drain_by_round: self.excess_by_round(acc, ns, baseline),
-                excess_per_drain_median: None,
+                excess_per_drain_median: median(by_round.iter().flatten()),
+                excess_per_drain_by_round: by_round,
             }
-        });
-        let interruptions = interruptions.map(|mut i| {
-            i.excess_per_drain_median = median(i.excess_per_drain_by_round.iter().flatten());
-            i
         });
         let spec_mode = (acc.rate > 0.0).then(|| acc.mode.name().to_string());
         let settings = Settings {
