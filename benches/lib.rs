@@ -188,18 +188,13 @@ pub fn fast_path_bounds_table(root: &Path) -> String {
         ]);
     };
     for &(id, base_id, bound, what) in FAST_PATH_BOUNDS {
-        row(
-            id,
-            get(id),
-            format!("`{base_id}` ({what})"),
-            get(base_id),
-            bound,
-        );
+        let m = get(id);
+        row(id, m, format!("`{base_id}` ({what})"), get(base_id), bound);
         if base_id == "rseq_cpu_atomic_lock" {
             let sum = get("rseq_cpu").zip(get("atomic_lock")).map(|(a, b)| a + b);
             row(
                 id,
-                get(id),
+                m,
                 "`rseq_cpu` + `atomic_lock` (the sum of the two bare medians)".into(),
                 sum,
                 bound,
