@@ -5,7 +5,7 @@ use clap::Parser;
 fn main() {
     let cli = qpw_emulator::cli::Cli::parse();
     if let Err(e) = qpw_emulator::commands::dispatch(cli) {
-        eprintln!("Error: {e:#}");
+        eprintln!("Error: {}", qpw_emulator::rt::error_chain(&e));
         std::process::exit(1);
     }
 }

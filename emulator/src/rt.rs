@@ -17,15 +17,17 @@ use qpw_core::{CpuSet, Topology};
 pub struct Warnings(Vec<String>);
 
 impl Warnings {
-    /// Records one warning (and says it on stderr unless `quiet`).
+    /// Records one warning, and says it on stderr unless `quiet`; a warning already recorded
+    /// (the same step failing again in a later scenario) is neither repeated nor said again.
     pub fn push(&mut self, quiet: bool, message: impl Into<String>) {
         let message = message.into();
+        if self.0.contains(&message) {
+            return;
+        }
         if !quiet {
             eprintln!("warning: {message}");
         }
-        if !self.0.contains(&message) {
-            self.0.push(message);
-        }
+        self.0.push(message);
     }
 
     /// Takes warnings from elsewhere (the probe threads), without repeating them.
@@ -49,18 +51,18 @@ pub struct RtGuard {
 }
 
 /// Locks memory and holds `/dev/cpu_dma_latency` at 0; records what failed.
+///
+/// Memory is locked as rt-tests locks it (`mlockall(MCL_CURRENT | MCL_FUTURE)`) only where the
+/// future can be locked: with `CAP_IPC_LOCK` or an unlimited `RLIMIT_MEMLOCK`. Under a finite
+/// limit (8 MiB for an ordinary user on most distributions) `MCL_FUTURE` would make every later
+/// mapping past the limit fail (thread stacks, histogram buffers), and the run would abort in
+/// its set-up; so there only what is mapped now is locked (`MCL_CURRENT`), with a warning that
+/// names the limit and how to lift it. See [`MemLockPlan`].
 pub fn prepare(mlock: bool, warnings: &mut Warnings, quiet: bool) -> RtGuard {
     if mlock {
-        // SAFETY: `mlockall` takes flags only.
-        let rc = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
-        if rc != 0 {
-            warnings.push(
-                quiet,
-                format!(
-                    "mlockall(MCL_CURRENT|MCL_FUTURE) failed: {}; page faults may show up as latency",
-                    std::io::Error::last_os_error()
-                ),
-            );
+        let plan = MemLockPlan::choose(memlock_limit(), has_cap_ipc_lock(), mapped_bytes());
+        if let Some(w) = plan.lock() {
+            warnings.push(quiet, w);
         }
     } else {
         warnings.push(quiet, "memory not locked (mlockall not asked for)");
@@ -77,10 +79,16 @@ pub fn prepare(mlock: bool, warnings: &mut Warnings, quiet: bool) -> RtGuard {
             }
         },
         Err(e) => {
+            let how = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                " (it needs root, or write permission on that file)"
+            } else {
+                ""
+            };
             warnings.push(
                 quiet,
                 format!(
-                    "/dev/cpu_dma_latency not held at 0 ({e}); deep C-states may add exit latency"
+                    "/dev/cpu_dma_latency not held at 0: {e}{how}; deep C-states may add exit \
+                     latency"
                 ),
             );
             None
@@ -109,9 +117,165 @@ pub fn check_isolation(cpus: &CpuSet, warnings: &mut Warnings, quiet: bool) {
     }
 }
 
-/// Makes the calling thread `SCHED_FIFO` at `prio`, or says why it could not.
+/// Makes the calling thread `SCHED_FIFO` at `prio`, or says why it could not and, when it was
+/// refused for want of the right, how to get it.
 pub fn set_fifo(prio: i32) -> Result<(), String> {
-    qpw_core::set_current_fifo(prio).map_err(|e| e.to_string())
+    qpw_core::set_current_fifo(prio).map_err(|e| {
+        let refused = matches!(
+            &e,
+            qpw_core::Error::SchedFifo { source, .. }
+                if source.kind() == std::io::ErrorKind::PermissionDenied
+        );
+        if refused {
+            format!("{e}; {}", fifo_hint(prio, rtprio_limit()))
+        } else {
+            e.to_string()
+        }
+    })
+}
+
+/// How an ordinary user raises the soft `RLIMIT_RTPRIO` (now `limit`) to allow `prio` (the
+/// error it follows already names the rights `SCHED_FIFO` needs).
+fn fifo_hint(prio: i32, limit: Option<u64>) -> String {
+    let now = limit.map_or("unlimited".to_string(), |l| l.to_string());
+    format!(
+        "RLIMIT_RTPRIO is {now} here: `ulimit -r {prio}` or `rtprio` in \
+         /etc/security/limits.conf raises it"
+    )
+}
+
+/// How much memory [`prepare`] locks, chosen from the memory-lock limit and the right to
+/// exceed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemLockPlan {
+    /// `mlockall(MCL_CURRENT | MCL_FUTURE)`, as rt-tests does: the process has
+    /// `CAP_IPC_LOCK` or no limit.
+    All,
+    /// `mlockall(MCL_CURRENT)` only: the limit is finite, so locking the future would make
+    /// later mappings past it fail; what is mapped now fits under it.
+    CurrentOnly {
+        /// The soft `RLIMIT_MEMLOCK`, in bytes.
+        limit: u64,
+        /// What is mapped now, in bytes.
+        mapped: u64,
+    },
+    /// Nothing: even what is mapped now exceeds the limit.
+    Nothing {
+        /// The soft `RLIMIT_MEMLOCK`, in bytes.
+        limit: u64,
+        /// What is mapped now, in bytes.
+        mapped: u64,
+    },
+}
+
+impl MemLockPlan {
+    /// The plan for a soft limit of `limit` bytes (`None`: unlimited), with or without
+    /// `CAP_IPC_LOCK`, when `mapped` bytes are mapped now.
+    pub fn choose(limit: Option<u64>, cap_ipc_lock: bool, mapped: u64) -> Self {
+        match limit {
+            _ if cap_ipc_lock => Self::All,
+            None => Self::All,
+            Some(limit) if mapped <= limit => Self::CurrentOnly { limit, mapped },
+            Some(limit) => Self::Nothing { limit, mapped },
+        }
+    }
+
+    /// Carries the plan out; returns the warning for the report, if any.
+    fn lock(&self) -> Option<String> {
+        let flags = match self {
+            Self::All => libc::MCL_CURRENT | libc::MCL_FUTURE,
+            Self::CurrentOnly { .. } => libc::MCL_CURRENT,
+            Self::Nothing { .. } => return Some(self.warning(None)),
+        };
+        // SAFETY: `mlockall` takes flags only.
+        let rc = unsafe { libc::mlockall(flags) };
+        let failed = (rc != 0).then(std::io::Error::last_os_error);
+        match (self, failed) {
+            (Self::All, None) => None,
+            (_, failed) => Some(self.warning(failed)),
+        }
+    }
+
+    /// The warning for this plan, after `mlockall` failed with `failed` (if it did).
+    pub fn warning(&self, failed: Option<std::io::Error>) -> String {
+        const HOW: &str = "for the full lock rt-tests takes, run as root (CAP_IPC_LOCK) or lift \
+                           the limit (`ulimit -l unlimited`, or `memlock` in \
+                           /etc/security/limits.conf)";
+        let mib = |b: &u64| *b as f64 / (1 << 20) as f64;
+        match (self, failed) {
+            (Self::All, Some(e)) => format!(
+                "mlockall(MCL_CURRENT|MCL_FUTURE) failed: {e}; page faults may show up as latency"
+            ),
+            (Self::All, None) => String::new(),
+            (Self::CurrentOnly { limit, mapped }, None) => format!(
+                "memory locked only in part: RLIMIT_MEMLOCK is {:.1} MiB without CAP_IPC_LOCK, \
+                 and locking future mappings too would make every thread stack or buffer past it \
+                 fail; locked the {:.1} MiB mapped before set-up (mlockall(MCL_CURRENT)), not what \
+                 the run maps later, whose first touches may show up as latency; {HOW}",
+                mib(limit),
+                mib(mapped)
+            ),
+            (Self::CurrentOnly { limit, .. }, Some(e)) => format!(
+                "memory not locked: mlockall(MCL_CURRENT) failed under RLIMIT_MEMLOCK {:.1} MiB: \
+                 {e}; page faults may show up as latency; {HOW}",
+                mib(limit)
+            ),
+            (Self::Nothing { limit, mapped }, _) => format!(
+                "memory not locked: RLIMIT_MEMLOCK is {:.1} MiB without CAP_IPC_LOCK, less than \
+                 the {:.1} MiB already mapped; page faults may show up as latency; {HOW}",
+                mib(limit),
+                mib(mapped)
+            ),
+        }
+    }
+}
+
+/// The soft limit of `resource` in bytes or units, `None` when unlimited (or unreadable).
+fn soft_limit(resource: libc::__rlimit_resource_t) -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit.
+    let rc = unsafe { libc::getrlimit(resource, &mut lim) };
+    (rc == 0 && lim.rlim_cur != libc::RLIM_INFINITY).then_some(lim.rlim_cur)
+}
+
+/// The soft `RLIMIT_MEMLOCK` in bytes (`None`: unlimited).
+fn memlock_limit() -> Option<u64> {
+    soft_limit(libc::RLIMIT_MEMLOCK)
+}
+
+/// The soft `RLIMIT_RTPRIO` (`None`: unlimited).
+fn rtprio_limit() -> Option<u64> {
+    soft_limit(libc::RLIMIT_RTPRIO)
+}
+
+/// One line of `/proc/self/status`, the text after `key:`.
+fn proc_status(key: &str) -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| {
+        l.strip_prefix(key)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// Whether the process's effective capabilities include `CAP_IPC_LOCK` (bit 14 of `CapEff`),
+/// which lifts the memory-lock limit.
+fn has_cap_ipc_lock() -> bool {
+    const CAP_IPC_LOCK: u32 = 14;
+    proc_status("CapEff")
+        .and_then(|hex| u64::from_str_radix(&hex, 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
+/// The process's mapped memory now (`VmSize`), which `mlockall(MCL_CURRENT)` counts against
+/// the limit, in bytes (0 if unreadable).
+fn mapped_bytes() -> u64 {
+    proc_status("VmSize")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// Keeps the calling thread (the run's main thread, which wakes every 50 ms to watch the
@@ -216,6 +380,23 @@ pub fn default_sigpipe() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// An error and its causes on one line, as `{e:#}` prints them, but without a cause whose text
+/// the message before it already ends with (library errors often show their source in their
+/// own message and also return it from `source()`, which `{e:#}` would print twice).
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+    }
+    text
 }
 
 /// Whether SIGINT or SIGTERM arrived.
@@ -331,4 +512,74 @@ pub fn enter_probe_cpu(
         }
     }
     Ok(binding)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{error_chain, fifo_hint, MemLockPlan};
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn memory_is_locked_in_full_only_where_the_future_fits() {
+        // Root, or CAP_IPC_LOCK: the limit does not apply.
+        assert_eq!(
+            MemLockPlan::choose(Some(8 * MIB), true, 100 * MIB),
+            MemLockPlan::All
+        );
+        // No limit.
+        assert_eq!(
+            MemLockPlan::choose(None, false, 100 * MIB),
+            MemLockPlan::All
+        );
+        // An ordinary user's 8 MiB: only what is mapped now, if it fits.
+        assert_eq!(
+            MemLockPlan::choose(Some(8 * MIB), false, 5 * MIB),
+            MemLockPlan::CurrentOnly {
+                limit: 8 * MIB,
+                mapped: 5 * MIB
+            }
+        );
+        assert_eq!(
+            MemLockPlan::choose(Some(8 * MIB), false, 9 * MIB),
+            MemLockPlan::Nothing {
+                limit: 8 * MIB,
+                mapped: 9 * MIB
+            }
+        );
+    }
+
+    #[test]
+    fn the_warnings_name_the_limit_and_how_to_lift_it() {
+        let part = MemLockPlan::CurrentOnly {
+            limit: 8 * MIB,
+            mapped: 5 * MIB,
+        }
+        .warning(None);
+        assert!(part.contains("RLIMIT_MEMLOCK is 8.0 MiB"), "{part}");
+        assert!(part.contains("MCL_CURRENT"), "{part}");
+        assert!(part.contains("ulimit -l unlimited"), "{part}");
+        let none = MemLockPlan::Nothing {
+            limit: MIB,
+            mapped: 5 * MIB,
+        }
+        .warning(None);
+        assert!(none.starts_with("memory not locked"), "{none}");
+        let hint = fifo_hint(80, Some(0));
+        assert!(hint.contains("ulimit -r 80"), "{hint}");
+        assert!(hint.contains("RLIMIT_RTPRIO is 0"), "{hint}");
+    }
+
+    #[test]
+    fn an_error_chain_names_each_cause_once() {
+        let io = std::io::Error::from_raw_os_error(libc::EAGAIN);
+        let core = qpw_core::Error::Spawn { cpu: 1, source: io };
+        let e = anyhow::Error::new(core).context("cannot set up the load");
+        let text = error_chain(&e);
+        assert_eq!(text.matches("os error 11").count(), 1, "{text}");
+        assert!(
+            text.starts_with("cannot set up the load: cannot start"),
+            "{text}"
+        );
+    }
 }
