@@ -127,7 +127,7 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>) -> Result<CyclicRun> {
                 }
                 r
             })
-            .context("cannot start a cyclictest thread")?;
+            .with_context(|| format!("cannot start cyclictest thread {i} (cpu {cpu})"))?;
         handles.push(h);
     }
     threads::wait_for(&ctl.started, n, &handles);

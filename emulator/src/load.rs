@@ -174,12 +174,15 @@ pub fn start(
     phase: &Arc<Phase>,
 ) -> Result<Load> {
     let requester = if cfg.drain_rate_hz > 0.0 {
+        let requester_cpu = cfg.requester_cpu;
         let (cfg, qpw, w, phase) = (cfg.clone(), qpw.clone(), workload.clone(), phase.clone());
         Some(
             std::thread::Builder::new()
                 .name("qpw-requester".into())
                 .spawn(move || requester(&cfg, &qpw, &*w, &phase))
-                .context("cannot start the requester thread")?,
+                .with_context(|| {
+                    format!("cannot start the requester thread (cpu {requester_cpu})")
+                })?,
         )
     } else {
         None
@@ -192,7 +195,7 @@ pub fn start(
             std::thread::Builder::new()
                 .name(format!("qpw-load/{cpu}"))
                 .spawn(move || process_load(cpu, burst, pause, &qpw, &*w, &phase))
-                .context("cannot start a load thread")?,
+                .with_context(|| format!("cannot start the load thread for cpu {cpu}"))?,
         );
     }
     Ok(Load {

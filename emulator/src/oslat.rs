@@ -162,7 +162,7 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
             Err(e) => {
                 ctl.stop.store(true, Ordering::SeqCst);
                 ctl.go.store(true, Ordering::SeqCst);
-                return Err(e).context("cannot start a probe thread");
+                return Err(e).context(format!("cannot start the probe thread for cpu {cpu}"));
             }
         }
     }
