@@ -139,20 +139,27 @@ fn fifo_spinner_stalls_queue_mode_but_not_remote_mode() {
         }
 
         let spinner = Spinner::start(target, 50, Duration::from_secs(3));
-        let substitute = spinner.class == SpinnerClass::Other;
-        if substitute {
-            // Without SCHED_FIFO the closest honest substitute is a SCHED_IDLE worker against
-            // a SCHED_OTHER spinner: the worker gets the CPU only when it is otherwise idle.
+        // Without SCHED_FIFO (an ordinary user: no CAP_SYS_NICE, RLIMIT_RTPRIO 0) nothing can
+        // keep the worker off its CPU for sure: a SCHED_IDLE worker against a SCHED_OTHER
+        // spinner still gets a slice now and then. The stall is then not shown, only that the
+        // drain completes in both modes.
+        let can_starve = spinner.class != SpinnerClass::Other;
+        if !can_starve {
             eprintln!(
-                "SCHED_FIFO not permitted: using a SCHED_OTHER spinner and a SCHED_IDLE worker"
+                "SCHED_FIFO not permitted here: the queue-mode stall cannot be shown; checking \
+                 only that the drain completes in both modes"
             );
-            qpw_tests::make_workers_idle(target);
         }
         drain.queue_on(target).unwrap();
         let outcome = drain.flush_timeout(target, Duration::from_millis(150));
         spinner.stop();
 
         match policy {
+            Policy::Queue if !can_starve => {
+                if outcome.is_err() {
+                    drain.flush(target).unwrap();
+                }
+            }
             Policy::Queue => {
                 match outcome {
                     Err(Error::Stall {

@@ -111,32 +111,6 @@ pub fn instance(policy: Policy) -> Qpw {
     qpw.expect("build the instance")
 }
 
-/// Makes every `qpw/<cpu>` worker thread of this process `SCHED_IDLE`: the fallback for tests
-/// that need a starved worker where `SCHED_FIFO` is not permitted (lowering a thread's class
-/// needs no privilege).
-pub fn make_workers_idle(cpu: usize) {
-    let name = format!("qpw/{cpu}");
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return;
-    };
-    for task in tasks.flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if comm.trim() != name {
-            continue;
-        }
-        let Some(tid) = task
-            .file_name()
-            .to_str()
-            .and_then(|t| t.parse::<libc::pid_t>().ok())
-        else {
-            continue;
-        };
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid `sched_param`; a stale tid only makes the call fail.
-        unsafe { libc::sched_setscheduler(tid, libc::SCHED_IDLE, &param) };
-    }
-}
-
 /// A gate that work items can wait at until a test opens it: holds a worker busy on purpose.
 #[derive(Debug, Default)]
 pub struct Gate {
