@@ -343,6 +343,7 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         quiet,
         label: "oslat".to_string(),
         progress_span: None,
+        gap_log_ns: None,
     };
     let run = oslat::run(&cfg, calibration, &load.phase);
     let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), &mut warnings, quiet)?;

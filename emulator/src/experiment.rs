@@ -336,6 +336,7 @@ impl Ctx {
             quiet: self.quiet,
             label: format!("{} ({}/{})", acc.name, round + 1, self.rounds),
             progress_span: Some((self.chunk * self.done, self.chunk * self.total_chunks)),
+            gap_log_ns: None,
         };
         let phase: std::sync::Arc<Phase> = setup.phase.clone();
         let qpw_desc = setup.qpw.describe();
@@ -492,6 +493,9 @@ impl Ctx {
                 local_ops: acc.local_ops,
                 local_op_errors: acc.local_op_errors,
                 first_error: None,
+                tid: 0,
+                gaps: Vec::new(),
+                gaps_not_kept: 0,
             }],
             calibration: self.calibration,
             threshold_hit: None,

@@ -58,5 +58,6 @@ pub mod rt;
 pub mod scenario;
 pub mod svg;
 pub mod threads;
+pub mod trace;
 pub mod validate;
 pub mod workload;

@@ -68,7 +68,13 @@ pub struct OslatConfig {
     /// Of a longer run this probe is part of: how much was done before it, and the whole
     /// run's length (`None`: the probe is the whole run).
     pub progress_span: Option<(Duration, Duration)>,
+    /// Keep the counter readings around every gap at least this long (nanoseconds), for
+    /// matching with a trace (`--trace`); `None`: keep none.
+    pub gap_log_ns: Option<u64>,
 }
+
+/// The most gaps a thread keeps for attribution (16 bytes each); more are counted, not kept.
+pub const GAP_LOG_CAPACITY: usize = 1 << 18;
 
 /// One measured CPU's result.
 #[derive(Debug, Clone)]
@@ -87,6 +93,12 @@ pub struct OslatThread {
     pub local_op_errors: u64,
     /// The first local-operation error, in words.
     pub first_error: Option<String>,
+    /// The probe thread's id (its pid in traces).
+    pub tid: i32,
+    /// With [`OslatConfig::gap_log_ns`]: each long gap's counter readings (before, after).
+    pub gaps: Vec<(u64, u64)>,
+    /// Long gaps past [`GAP_LOG_CAPACITY`], counted but not kept.
+    pub gaps_not_kept: u64,
 }
 
 /// A whole run.
@@ -217,6 +229,16 @@ fn thread_main(
         None => (None, u64::MAX),
     };
     let (mut local_ops, mut op_errors, mut first_error) = (0u64, 0u64, None);
+    // SAFETY: `gettid` has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    let log_from = cfg.gap_log_ns.map_or(u64::MAX, |ns| cal.from_ns(ns).max(1));
+    let mut gaps: Vec<(u64, u64)> = Vec::new();
+    if cfg.gap_log_ns.is_some() {
+        gaps.try_reserve_exact(GAP_LOG_CAPACITY).map_err(|e| {
+            anyhow!("cannot set aside the gap log for cpu {cpu} ({GAP_LOG_CAPACITY} gaps): {e}")
+        })?;
+    }
+    let mut gaps_not_kept = 0u64;
 
     // Don't bash the CPU until everyone has started.
     ctl.started.fetch_add(1, Ordering::SeqCst);
@@ -253,6 +275,13 @@ fn thread_main(
         if op_in_gap {
             op_hist.record(cal.to_ns(gap));
             op_in_gap = false;
+        }
+        if gap >= log_from {
+            if gaps.len() < GAP_LOG_CAPACITY {
+                gaps.push((prev, now));
+            } else {
+                gaps_not_kept += 1;
+            }
         }
         prev = now;
         if threshold.is_some_and(|t| gap >= t) {
@@ -291,6 +320,9 @@ fn thread_main(
         local_ops,
         local_op_errors: op_errors,
         first_error,
+        tid,
+        gaps,
+        gaps_not_kept,
     })
 }
 

@@ -1,0 +1,367 @@
+//! A private tracefs instance: `instances/<name>` with its own ring buffer, clock, CPU mask and
+//! events, so that the global buffer and settings (someone else's trace) are never touched.
+//! Creating the directory makes the instance; removing it (once tracing is off) frees it. When
+//! tracefs is not mounted, it is mounted on a private temporary directory and unmounted at the
+//! end. Everything is undone in `Drop`, which runs on a normal end, on an error and after
+//! Ctrl-C (the commands turn SIGINT into a flag and return normally).
+//!
+//! The reader takes `trace_pipe` (consuming reads, so the buffer never fills while the reader
+//! keeps up) on a thread of its own, parses each line at once and keeps only the events.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use qpw_core::CpuSet;
+
+use super::event::{parse_line, Event, ParseError, X86_VECTORS};
+
+/// The events an attribution needs; `irq_vectors` and `csd` are enabled where the kernel has them.
+pub const EVENTS: &[&str] = &[
+    "sched/sched_switch",
+    "workqueue/workqueue_execute_start",
+    "workqueue/workqueue_execute_end",
+    "irq/irq_handler_entry",
+    "irq/irq_handler_exit",
+    "irq/softirq_entry",
+    "irq/softirq_exit",
+    "csd/csd_function_entry",
+    "csd/csd_function_exit",
+];
+
+/// The trace clock the probes' timestamps can be matched with: `x86-tsc` where the probe
+/// reads the TSC, else `mono` (the probe's `CLOCK_MONOTONIC`).
+pub fn probe_clock() -> &'static str {
+    if cfg!(target_arch = "x86_64") {
+        "x86-tsc"
+    } else {
+        "mono"
+    }
+}
+
+/// Where tracefs is mounted, and whether we mounted it.
+#[derive(Debug)]
+struct Mount {
+    path: PathBuf,
+    ours: bool,
+}
+
+impl Mount {
+    /// Finds tracefs in `/proc/mounts`, else mounts it on a private directory.
+    fn find_or_mount() -> Result<Self> {
+        let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let found = mounts.lines().find_map(|l| {
+            let mut f = l.split(' ');
+            let (_dev, dir, kind) = (f.next()?, f.next()?, f.next()?);
+            (kind == "tracefs").then(|| PathBuf::from(dir.replace("\\040", " ")))
+        });
+        if let Some(path) = found {
+            if path.join("instances").is_dir() {
+                return Ok(Self { path, ours: false });
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("qpw-emu-tracefs-{}", std::process::id()));
+        fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes());
+        let (src, target, fstype) = (
+            std::ffi::CString::new("nodev")?,
+            c(&dir)?,
+            std::ffi::CString::new("tracefs")?,
+        );
+        // SAFETY: every pointer is a valid NUL-terminated string that outlives the call; no
+        // mount data is passed.
+        let rc = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            let _ = fs::remove_dir(&dir);
+            bail!(
+                "tracefs is not mounted and cannot be mounted ({e}): tracing needs root \
+                 (CAP_SYS_ADMIN) and a kernel with CONFIG_FTRACE; mount it by hand with \
+                 `mount -t tracefs nodev /sys/kernel/tracing`"
+            );
+        }
+        Ok(Self {
+            path: dir,
+            ours: true,
+        })
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if self.ours {
+            if let Ok(target) = std::ffi::CString::new(self.path.as_os_str().as_encoded_bytes()) {
+                // SAFETY: `target` is a valid NUL-terminated path.
+                unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+            }
+            let _ = fs::remove_dir(&self.path);
+        }
+    }
+}
+
+/// What the reader gathered.
+#[derive(Debug, Default)]
+pub struct Gathered {
+    /// The events, in the order read (per CPU in time order).
+    pub events: Vec<Event>,
+    /// Lines that did not parse (the first few, for the report).
+    pub bad_lines: Vec<String>,
+    /// How many did not parse.
+    pub bad_count: u64,
+}
+
+/// A private instance, tracing the given CPUs until dropped or [`Instance::stop`]ped.
+#[derive(Debug)]
+pub struct Instance {
+    dir: PathBuf,
+    cpus: CpuSet,
+    /// The clock in use.
+    pub clock: String,
+    /// Events asked for that this kernel lacks.
+    pub missing_events: Vec<String>,
+    stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<Gathered>>,
+    _mount: Mount,
+}
+
+impl Instance {
+    /// Creates `instances/<name>` tracing `cpus` with the attribution events, clock `clock`
+    /// and `buffer_kb` of ring buffer per CPU, and starts the reader (pinned to `reader_cpu`
+    /// when given, so that it stays off the measured CPUs).
+    pub fn start(
+        name: &str,
+        cpus: &CpuSet,
+        clock: &str,
+        buffer_kb: u64,
+        reader_cpu: Option<usize>,
+    ) -> Result<Self> {
+        preflight()?;
+        let mount = Mount::find_or_mount()?;
+        let dir = mount.path.join("instances").join(name);
+        fs::create_dir(&dir).with_context(|| {
+            format!(
+                "cannot create the tracefs instance {} (a run left it behind? remove it with \
+                 rmdir)",
+                dir.display()
+            )
+        })?;
+        let mut inst = Self {
+            dir,
+            cpus: cpus.clone(),
+            clock: clock.to_string(),
+            missing_events: Vec::new(),
+            stop: Arc::new(AtomicBool::new(false)),
+            reader: None,
+            _mount: mount,
+        };
+        inst.configure(clock, buffer_kb)?;
+        let pipe = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(inst.dir.join("trace_pipe"))
+            .context("cannot open the instance's trace_pipe")?;
+        let stop = inst.stop.clone();
+        inst.reader = Some(
+            std::thread::Builder::new()
+                .name("qpw-trace-reader".into())
+                .spawn(move || {
+                    if let Some(cpu) = reader_cpu {
+                        let _ = qpw_core::pin_current_thread(cpu);
+                    }
+                    read_pipe(pipe, &stop)
+                })
+                .context("cannot start the trace reader thread")?,
+        );
+        inst.write("tracing_on", "1")?;
+        Ok(inst)
+    }
+
+    fn configure(&mut self, clock: &str, buffer_kb: u64) -> Result<()> {
+        self.write("tracing_on", "0")?;
+        let clocks = fs::read_to_string(self.dir.join("trace_clock")).unwrap_or_default();
+        if !clocks
+            .split_whitespace()
+            .any(|c| c.trim_matches(['[', ']']) == clock)
+        {
+            bail!(
+                "this kernel's tracefs has no `{clock}` trace clock (it offers: {}), so gaps \
+                 cannot be matched with events",
+                clocks.trim()
+            );
+        }
+        self.write("trace_clock", clock)?;
+        self.write("buffer_size_kb", &buffer_kb.to_string())?;
+        self.write("tracing_cpumask", &cpumask_hex(&self.cpus))?;
+        let mut events: Vec<String> = EVENTS.iter().map(|e| e.to_string()).collect();
+        for v in X86_VECTORS {
+            events.push(format!("irq_vectors/{v}_entry"));
+            events.push(format!("irq_vectors/{v}_exit"));
+        }
+        for e in events {
+            let path = self.dir.join("events").join(&e).join("enable");
+            if path.exists() {
+                self.write(&format!("events/{e}/enable"), "1")?;
+            } else {
+                self.missing_events.push(e);
+            }
+        }
+        if !self.dir.join("events/sched/sched_switch/enable").exists() {
+            bail!("this kernel has no sched:sched_switch event: nothing can be attributed");
+        }
+        Ok(())
+    }
+
+    fn write(&self, file: &str, value: &str) -> Result<()> {
+        let path = self.dir.join(file);
+        let mut f = OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        f.write_all(value.as_bytes())
+            .with_context(|| format!("cannot write `{value}` to {}", path.display()))
+    }
+
+    /// Events the ring buffer overwrote or dropped on each traced CPU, from
+    /// `per_cpu/cpuN/stats` (`overrun` and `dropped events`).
+    pub fn lost_by_stats(&self) -> u64 {
+        self.cpus
+            .iter()
+            .map(|c| {
+                let stats = fs::read_to_string(self.dir.join(format!("per_cpu/cpu{c}/stats")))
+                    .unwrap_or_default();
+                stats
+                    .lines()
+                    .filter_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        matches!(k.trim(), "overrun" | "dropped events")
+                            .then(|| v.trim().parse::<u64>().ok())
+                            .flatten()
+                    })
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// Stops tracing, reads what is left, and returns everything read.
+    pub fn stop(mut self) -> Result<(Gathered, u64)> {
+        let _ = self.write("tracing_on", "0");
+        let lost = self.lost_by_stats();
+        self.stop.store(true, Ordering::SeqCst);
+        let gathered = self
+            .reader
+            .take()
+            .map(|h| h.join().map_err(|_| anyhow!("the trace reader panicked")))
+            .transpose()?
+            .unwrap_or_default();
+        Ok((gathered, lost))
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.write("tracing_on", "0");
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.reader.take() {
+            let _ = h.join();
+        }
+        // Removing the directory frees the buffer and every setting with it.
+        for _ in 0..50 {
+            match fs::remove_dir(&self.dir) {
+                Ok(()) => break,
+                Err(e) if e.kind() == ErrorKind::NotFound => break,
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
+/// Tracing needs root: say so before anything starts.
+pub fn preflight() -> Result<()> {
+    // SAFETY: `geteuid` has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "--trace and `qpw-emu trace` need root: they create a tracefs instance (and may \
+             have to mount tracefs); run with sudo"
+        );
+    }
+    Ok(())
+}
+
+/// `tracing_cpumask`'s hex format: 32-bit words, most significant first, comma-separated.
+pub fn cpumask_hex(cpus: &CpuSet) -> String {
+    let max = cpus.last().unwrap_or(0);
+    let words = max / 32 + 1;
+    let mut out = Vec::with_capacity(words);
+    for w in (0..words).rev() {
+        let mut v: u32 = 0;
+        for c in cpus.iter().filter(|c| c / 32 == w) {
+            v |= 1 << (c % 32);
+        }
+        out.push(format!("{v:08x}"));
+    }
+    out.join(",")
+}
+
+/// Reads `trace_pipe` until told to stop and the pipe is empty.
+fn read_pipe(mut pipe: File, stop: &AtomicBool) -> Gathered {
+    let mut out = Gathered::default();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut partial = String::new();
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(n) => {
+                partial.push_str(&String::from_utf8_lossy(&buf[..n]));
+                let complete = partial.rfind('\n').map_or(0, |i| i + 1);
+                for line in partial[..complete].lines() {
+                    take_line(line, &mut out);
+                }
+                partial.drain(..complete);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(_) => break,
+        }
+    }
+    for line in partial.lines() {
+        take_line(line, &mut out);
+    }
+    out
+}
+
+fn take_line(line: &str, out: &mut Gathered) {
+    match parse_line(line) {
+        Ok(e) => out.events.push(e),
+        Err(ParseError::NotEvent) => {}
+        Err(ParseError::Malformed { .. }) => {
+            out.bad_count += 1;
+            if out.bad_lines.len() < 5 {
+                out.bad_lines.push(line.to_string());
+            }
+        }
+    }
+}
