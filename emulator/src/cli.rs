@@ -38,6 +38,50 @@ pub enum Command {
     Pool(PoolArgs),
     /// Text tables and SVG plots from saved JSON results (ours or the real tools').
     Report(ReportArgs),
+    /// Trace what runs on CPUs (root): beside a real oslat or cyclictest, every source of noise
+    /// on each CPU (thread with its work function, IRQ, softirq, IPI), osnoise-style, from a
+    /// private tracefs instance; and what the running kernel's per-CPU drains are (PW/QPW mode,
+    /// isolation, RT throttling).
+    Trace(TraceArgs),
+    /// (internal) The kernel workloads' filler process.
+    #[command(name = "__filler", hide = true)]
+    Filler(FillerArgs),
+}
+
+/// `qpw-emu trace`.
+#[derive(Debug, Clone, Args)]
+pub struct TraceArgs {
+    /// CPUs to trace, e.g. 1,3-5 (default: an isolated CPU, else the last allowed one).
+    #[arg(short = 'c', long, value_name = "LIST", allow_hyphen_values = true)]
+    pub cpu_list: Option<String>,
+    /// How long (default: until Ctrl-C): 10, 30s, 500ms, 20m, 2h.
+    #[arg(short = 'D', long, value_name = "TIME", allow_hyphen_values = true)]
+    pub duration: Option<String>,
+    /// The thread whose noise is measured (the probe's tid); default: the busiest thread on
+    /// each CPU (oslat's or cyclictest's measuring thread, when one runs there).
+    #[arg(long, value_name = "TID", allow_hyphen_values = true)]
+    pub probe_tid: Option<String>,
+    /// Sources listed per CPU, 1-1000.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value = "12",
+        allow_hyphen_values = true
+    )]
+    pub top: String,
+    /// Print only the summary.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Write the results as JSON to this file (- for stdout).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// `qpw-emu __filler`.
+#[derive(Debug, Clone, Args)]
+pub struct FillerArgs {
+    /// The CPU to fill.
+    pub cpu: usize,
 }
 
 /// The drain options shared by the probes and the load.
@@ -47,17 +91,17 @@ pub struct DrainArgs {
     /// lock in the requester). Giving --mode or --workload turns the load on.
     #[arg(long, value_name = "MODE", allow_hyphen_values = true)]
     pub mode: Option<String>,
-    /// Workload: lru, memcg, slub, pcp, or counter (the emulator's built-in minimal one).
+    /// Workload: lru, memcg, slub, pcp, or counter (the emulator's built-in minimal one); or
+    /// the running kernel's own drains (root): kernel-lru (compacts memory: lru_add_drain_all),
+    /// kernel-slub (shrinks the maple_node slab: flush_all), kernel-vmstat (stat_refresh:
+    /// refresh_vm_stats on every CPU), kernel-memcg (a memory cgroup of its own, created and
+    /// removed, emptied: drain_all_stock).
     #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
     pub workload: Option<String>,
-    /// Requester drains per second, 0-100000 (0: no drains).
-    #[arg(
-        long,
-        value_name = "HZ",
-        default_value = "1000",
-        allow_hyphen_values = true
-    )]
-    pub drain_rate: String,
+    /// Requester drains per second, 0-100000 (0: no drains). Default 1000; for kernel
+    /// workloads their own (kernel-lru 2, kernel-slub and kernel-vmstat 50, kernel-memcg 20).
+    #[arg(long, value_name = "HZ", allow_hyphen_values = true)]
+    pub drain_rate: Option<String>,
     /// Process-context load on the other CPUs: on or off.
     #[arg(
         long,
@@ -187,6 +231,10 @@ pub struct OslatArgs {
     /// Leave out buckets that are zero on every CPU.
     #[arg(short = 'z', long)]
     pub zero_omit: bool,
+    /// Attribute every gap at or above this many microseconds (default 5 when given without
+    /// a value) to what ran on the CPU then, from a private tracefs instance (root).
+    #[arg(long, value_name = "US", num_args = 0..=1, default_missing_value = "5")]
+    pub trace: Option<String>,
     /// Write the results as JSON to this file (- for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,

@@ -32,6 +32,8 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Resctrl(args)) => crate::figures::resctrl_cmd(&args),
         Some(Command::Pool(args)) => crate::figures::pool_cmd(&args),
         Some(Command::Report(args)) => crate::report::report_cmd(&args),
+        Some(Command::Trace(args)) => crate::trace_cmd::trace_cmd(&args),
+        Some(Command::Filler(args)) => crate::kernel::filler_main(args.cpu),
     }
 }
 
@@ -88,7 +90,11 @@ pub fn resolve_drain(
     force: bool,
 ) -> Result<Option<DrainSpec>> {
     // Check every value even when the load is off, so a typo never passes silently.
-    let rate = validate::float_in("--drain-rate", &args.drain_rate, 0.0, 100_000.0)?;
+    let rate = args
+        .drain_rate
+        .as_deref()
+        .map(|r| validate::float_in("--drain-rate", r, 0.0, 100_000.0))
+        .transpose()?;
     let load = validate::on_off("--load", &args.load)?;
     let every = validate::int_in("--local-op-every", &args.local_op_every, 1, 1_000_000)?;
     let timeout = validate::int_in("--drain-timeout", &args.drain_timeout, 1, 60_000)?;
@@ -123,9 +129,28 @@ pub fn resolve_drain(
     } else {
         CpuSet::new()
     };
+    let workload = workload.unwrap_or_else(WorkloadName::default_mm);
+    if let Some(k) = workload.kernel() {
+        // Refuse now, before any set-up, when the kernel's drain cannot run here.
+        crate::kernel::preflight(k)?;
+        if mode == Some(Mode::Remote) {
+            bail!(
+                "--mode remote --workload {k}: the running kernel decides its own mode (see \
+                 `qpw-emu trace`'s kernel report); leave --mode out for kernel workloads"
+            );
+        }
+    }
+    let rate = match (rate, workload.kernel()) {
+        (Some(r), _) => r,
+        (None, Some(k)) => k.default_rate_hz(),
+        (None, None) => 1000.0,
+    };
+    let target_cpu = measured
+        .first()
+        .ok_or_else(|| anyhow!("no CPU is measured"))?;
     Ok(Some(DrainSpec {
         mode: mode.unwrap_or(Mode::Queue),
-        workload: workload.unwrap_or_else(WorkloadName::default_mm),
+        workload,
         drain_rate_hz: rate,
         force,
         timeout: Duration::from_millis(timeout),
@@ -133,6 +158,7 @@ pub fn resolve_drain(
         requester_cpu,
         local_op_every: Duration::from_micros(every),
         requester_prio: None,
+        target_cpu,
     }))
 }
 
@@ -205,6 +231,7 @@ fn qpw_fields(
         load: outcome.map(|o| o.load.clone()),
         stopped_by,
         warnings: warnings.list().to_vec(),
+        trace: None,
     }
 }
 
@@ -234,13 +261,13 @@ impl ProbeLoad {
         let phase = setup
             .as_ref()
             .map_or_else(|| Arc::new(Phase::default()), |s| s.phase.clone());
-        let desc = setup.as_ref().map(|s| s.qpw.describe());
+        let desc = setup.as_ref().map(|s| s.describe());
         Ok(Self { setup, phase, desc })
     }
 
     /// The probe's local operation on the load's workload.
     fn local_op(&self) -> Option<oslat::LocalOp> {
-        self.setup.as_ref().map(|s| s.local_op())
+        self.setup.as_ref().and_then(|s| s.local_op())
     }
 
     /// Finishes the load once the probe has returned `run`, also when the probe failed (so
@@ -302,6 +329,17 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         10_000_000,
     )?;
     let spec = resolve_drain(&args.drain, &cpus, &measured, false)?;
+    let trace_us = args
+        .trace
+        .as_deref()
+        .map(crate::trace_cmd::threshold_us)
+        .transpose()?;
+    if trace_us.is_some() {
+        crate::trace::tracefs::preflight()?;
+    }
+    if let Some(path) = &args.json {
+        json::check_writable(path)?;
+    }
 
     let quiet = args.quiet;
     let start_time = rt::rt_timestamp();
@@ -330,6 +368,16 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         println!();
     }
 
+    if !quiet
+        && (trace_us.is_some() || spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()))
+    {
+        for l in crate::kernel::info::KernelInfo::read().lines() {
+            println!("{l}");
+        }
+    }
+    let tracing = trace_us
+        .map(|_| crate::trace_cmd::start_for_probe(&measured, &cpus, quiet))
+        .transpose()?;
     let load = ProbeLoad::start(spec.as_ref())?;
     let cfg = OslatConfig {
         cpus: measured.clone(),
@@ -343,10 +391,20 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         quiet,
         label: "oslat".to_string(),
         progress_span: None,
-        gap_log_ns: None,
+        gap_log_ns: trace_us.map(|us| (us * 1000.0) as u64),
     };
     let run = oslat::run(&cfg, calibration, &load.phase);
     let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), &mut warnings, quiet)?;
+    let traced = match (tracing, trace_us) {
+        (Some(session), Some(us)) => Some(crate::trace_cmd::attribute_oslat(
+            session,
+            &run,
+            us,
+            &mut warnings,
+            quiet,
+        )?),
+        _ => None,
+    };
     let mut stopped_by = None;
     if let Some((cpu, us)) = run.threshold_hit {
         let line = format!(
@@ -365,6 +423,14 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
 
     print_oslat_summary(&run, args.zero_omit);
     load.print();
+    if let Some(t) = &traced {
+        let drains = load
+            .outcome
+            .as_ref()
+            .and_then(|o| o.requester.as_ref())
+            .map(|r| r.drains);
+        crate::trace_cmd::print_attribution(t, 12, drains);
+    }
     let settings = Settings {
         bucket_width_ns: width,
         bucket_size,
@@ -374,7 +440,7 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         interval_us: None,
     };
     if let Some(path) = &args.json {
-        let fields = qpw_fields(
+        let mut fields = qpw_fields(
             "oslat",
             spec.as_ref(),
             &load,
@@ -383,6 +449,7 @@ fn oslat_cmd(args: &OslatArgs) -> Result<()> {
             &warnings,
             stopped_by,
         );
+        fields.trace = traced;
         json::write(path, &oslat_json(&run, start_time, fields))?;
     }
     Ok(())
@@ -703,7 +770,27 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
     let _rt = rt::prepare(true, &mut warnings, quiet);
     rt::catch_sigint();
     let setup = scenario::setup(&spec)?;
-    if !quiet {
+    if let (false, Some(k)) = (quiet, spec.workload.kernel()) {
+        for l in crate::kernel::info::KernelInfo::read().lines() {
+            println!("{l}");
+        }
+        println!(
+            "qpw-emu load: the running kernel's own drain {k}: it {}; {} triggers/s from cpu {}{}; \
+             {}",
+            k.effect(),
+            spec.drain_rate_hz,
+            spec.requester_cpu,
+            if k.needs_filler() {
+                format!(", the filler on cpu {}", spec.target_cpu)
+            } else {
+                String::new()
+            },
+            match duration {
+                Some(d) => format!("running for {:.1} s.", d.as_secs_f64()),
+                None => "Ctrl-C to stop.".to_string(),
+            }
+        );
+    } else if !quiet {
         println!(
             "qpw-emu load: {} mode, workload {}, {} {}drains/s from cpu {}, process-context load on {}; \
              cpu(s) {free} left free{}. {}",
@@ -735,7 +822,7 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     progress.finish();
-    let qpw_desc = setup.qpw.describe();
+    let qpw_desc = setup.describe();
     let outcome = setup.finish(free.first())?;
     note_outcome(&outcome, &mut warnings, quiet);
     print_requester(&outcome);

@@ -322,6 +322,7 @@ impl Ctx {
             requester_cpu: self.housekeeping,
             local_op_every: self.every,
             requester_prio: None,
+            target_cpu: self.target,
         };
         let setup = scenario::setup(&spec)?;
         let cfg = OslatConfig {
@@ -332,14 +333,14 @@ impl Ctx {
             bucket_width_ns: GAP_WIDTH_NS,
             rtprio: self.rtprio,
             trace_threshold_ns: None,
-            local_op: Some(setup.local_op()),
+            local_op: setup.local_op(),
             quiet: self.quiet,
             label: format!("{} ({}/{})", acc.name, round + 1, self.rounds),
             progress_span: Some((self.chunk * self.done, self.chunk * self.total_chunks)),
             gap_log_ns: None,
         };
         let phase: std::sync::Arc<Phase> = setup.phase.clone();
-        let qpw_desc = setup.qpw.describe();
+        let qpw_desc = setup.describe();
         let run = oslat::run(&cfg, self.calibration, &phase);
         let outcome = setup.finish(Some(self.target))?;
         let run: OslatRun = run?;
@@ -483,6 +484,7 @@ impl Ctx {
             load: Some(acc.load.clone()),
             stopped_by: None,
             warnings: self.warnings.list().to_vec(),
+            trace: None,
         };
         let run = OslatRun {
             threads: vec![crate::oslat::OslatThread {

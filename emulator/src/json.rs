@@ -181,6 +181,22 @@ pub struct QpwFields {
     pub stopped_by: Option<String>,
     /// Setup steps that failed, and other things the figures depend on.
     pub warnings: Vec<String>,
+    /// With `--trace`: what ran during the long gaps, and the running kernel's mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<TraceFields>,
+}
+
+/// The attribution of a traced run (`--trace`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TraceFields {
+    /// The running kernel's per-CPU-work mode, isolation and RT throttling.
+    pub kernel: crate::kernel::info::KernelInfo,
+    /// The trace's own health: clock, events read, events lost.
+    pub health: crate::trace::TraceHealth,
+    /// Per measured CPU: what each gap at or above the threshold was matched with.
+    pub attribution: Vec<crate::trace::GapAttribution>,
+    /// Per measured CPU: the work items kworkers ran there, by function.
+    pub work: Vec<crate::trace::WorkFigures>,
 }
 
 /// How the run measured.
@@ -393,6 +409,21 @@ pub fn cmdline() -> String {
 }
 
 /// Writes `value` to `path` as pretty JSON (`-` for stdout).
+/// Fails at once, before a run, when `path` (not `-`) is in a folder that does not exist.
+pub fn check_writable(path: &Path) -> Result<()> {
+    if path.as_os_str() == "-" {
+        return Ok(());
+    }
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(anyhow::anyhow!(
+            "--json {}: the folder {} does not exist",
+            path.display(),
+            dir.display()
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub fn write<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value).context("cannot serialise the results")?;
     if path.as_os_str() == "-" {

@@ -256,24 +256,7 @@ fn requester(
     if !phase.wait_go() {
         return Ok((report, hist));
     }
-    let period = (1e9 / cfg.drain_rate_hz).max(1.0) as u64;
-    let mut next = monotonic_ns();
-    loop {
-        next += period;
-        // Sleep to the deadline in slices of at most 100 ms, so a stop is seen soon.
-        while monotonic_ns() < next && !phase.stopped() {
-            sleep_until_ns(next.min(monotonic_ns() + 100_000_000));
-        }
-        if phase.stopped() {
-            break;
-        }
-        // Catch up after an overrun: skip the slots already missed.
-        let now = monotonic_ns();
-        if now > next + period {
-            let missed = (now - next) / period;
-            report.missed_deadlines += missed;
-            next += missed * period;
-        }
+    let missed = paced(cfg.drain_rate_hz, phase, || {
         let t0 = monotonic_ns();
         let out = w.drain(cfg.force, Some(cfg.timeout));
         hist.record(monotonic_ns() - t0);
@@ -294,9 +277,37 @@ fn requester(
         if report.first_error.is_none() {
             report.first_error = out.errors.first().map(ToString::to_string);
         }
-    }
+    });
+    report.missed_deadlines = missed;
     report.set_times(&hist);
     Ok((report, hist))
+}
+
+/// Calls `each` `rate_hz` times a second until `phase` stops, paced like cyclictest: it sleeps
+/// to an absolute deadline, and after a call overran one or more periods it skips the missed
+/// slots (and counts them) rather than firing a burst. Returns the slots skipped.
+pub fn paced(rate_hz: f64, phase: &Phase, mut each: impl FnMut()) -> u64 {
+    let period = (1e9 / rate_hz).max(1.0) as u64;
+    let mut missed_slots = 0;
+    let mut next = monotonic_ns();
+    loop {
+        next += period;
+        // Sleep to the deadline in slices of at most 100 ms, so a stop is seen soon.
+        while monotonic_ns() < next && !phase.stopped() {
+            sleep_until_ns(next.min(monotonic_ns() + 100_000_000));
+        }
+        if phase.stopped() {
+            return missed_slots;
+        }
+        // Catch up after an overrun: skip the slots already missed.
+        let now = monotonic_ns();
+        if now > next + period {
+            let missed = (now - next) / period;
+            missed_slots += missed;
+            next += missed * period;
+        }
+        each();
+    }
 }
 
 fn process_load(

@@ -34,6 +34,8 @@ pub struct DrainSpec {
     pub local_op_every: Duration,
     /// `SCHED_FIFO` priority of the requester, if any.
     pub requester_prio: Option<i32>,
+    /// The measured CPU (a kernel workload's filler runs there).
+    pub target_cpu: usize,
 }
 
 /// A scenario set up and waiting for the probe's go.
@@ -45,9 +47,16 @@ pub struct Setup {
     pub workload: Arc<dyn Workload>,
     /// The load's phase: the probe starts and stops it.
     pub phase: Arc<Phase>,
-    load: Load,
+    load: Running,
     before: Vec<CpuCounters>,
     local_op_every: Duration,
+}
+
+/// The load that runs: ours on the emulated caches, or the kernel's own drains.
+#[derive(Debug)]
+enum Running {
+    Emulated(Load),
+    Kernel(crate::kernel::KernelLoad, crate::kernel::KernelDrain),
 }
 
 /// What the scenario's load did.
@@ -67,6 +76,9 @@ pub struct Outcome {
 
 /// Builds the instance and the workload, and starts the load threads (they wait for the go).
 pub fn setup(spec: &DrainSpec) -> Result<Setup> {
+    if let Some(k) = spec.workload.kernel() {
+        return setup_kernel(spec, k);
+    }
     let policy = match spec.mode {
         Mode::Queue => Policy::Queue,
         Mode::Remote => Policy::Remote,
@@ -90,7 +102,7 @@ pub fn setup(spec: &DrainSpec) -> Result<Setup> {
         pause: Duration::from_micros(200),
         requester_prio: spec.requester_prio,
     };
-    let load = load::start(&cfg, &qpw, &workload, &phase)?;
+    let load = Running::Emulated(load::start(&cfg, &qpw, &workload, &phase)?);
     let before = workload.counters();
     Ok(Setup {
         qpw,
@@ -102,20 +114,78 @@ pub fn setup(spec: &DrainSpec) -> Result<Setup> {
     })
 }
 
+/// A kernel workload: no emulated cache, no process-context load; the requester sets off the
+/// kernel's drain (the framework instance is built only to be described).
+fn setup_kernel(spec: &DrainSpec, k: crate::kernel::KernelDrain) -> Result<Setup> {
+    let qpw = Arc::new(
+        Qpw::builder()
+            .cpus(CpuSpec::Allowed)
+            .policy(Policy::Queue)
+            .build()
+            .context("cannot build the qpw instance")?,
+    );
+    let workload = WorkloadName::Counter.build(&qpw)?;
+    let phase = Arc::new(Phase::default());
+    let kernel = crate::kernel::KernelLoad::start(
+        k,
+        spec.target_cpu,
+        spec.requester_cpu,
+        spec.drain_rate_hz,
+        &phase,
+    )?;
+    Ok(Setup {
+        qpw,
+        workload,
+        phase,
+        load: Running::Kernel(kernel, k),
+        before: Vec::new(),
+        local_op_every: spec.local_op_every,
+    })
+}
+
 impl Setup {
-    /// The probe's local operation on this scenario's workload.
-    pub fn local_op(&self) -> LocalOp {
-        LocalOp {
+    /// The probe's local operation on this scenario's workload; none for a kernel workload
+    /// (the kernel's caches are filled by the filler, not by the probe).
+    pub fn local_op(&self) -> Option<LocalOp> {
+        matches!(self.load, Running::Emulated(_)).then(|| LocalOp {
             qpw: self.qpw.clone(),
             workload: self.workload.clone(),
             every: self.local_op_every,
+        })
+    }
+
+    /// What drains, in words: the framework instance, or the kernel's own drain.
+    pub fn describe(&self) -> String {
+        match &self.load {
+            Running::Emulated(_) => self.qpw.describe(),
+            Running::Kernel(_, k) => format!(
+                "the running kernel's own drains: {} (work on each CPU: {})",
+                k.effect(),
+                k.work_functions().join(", ")
+            ),
         }
     }
 
     /// Stops the load (if the probe has not), collects its figures and checks conservation.
     pub fn finish(self, target: Option<usize>) -> Result<Outcome> {
         self.phase.stop();
-        let (requester, load) = self.load.finish()?;
+        let (requester, load) = match self.load {
+            Running::Emulated(load) => load.finish()?,
+            Running::Kernel(k, _) => {
+                let requester = k.finish()?;
+                let load = LoadReport {
+                    cpus: "(none: a kernel workload)".to_string(),
+                    ..LoadReport::default()
+                };
+                return Ok(Outcome {
+                    requester_hist: requester.as_ref().map(|r| r.1.clone()),
+                    requester: requester.map(|r| r.0),
+                    load,
+                    target_drains: 0,
+                    conservation: Ok(()),
+                });
+            }
+        };
         let (requester, requester_hist) = match requester {
             Some((r, h)) => (Some(r), Some(h)),
             None => (None, None),

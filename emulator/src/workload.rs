@@ -1,7 +1,8 @@
 //! Which workload a run drives, and how it is built.
 //!
 //! The mm workloads come from `qpw-workloads` ([`qpw_workloads::build`], with the kernel's
-//! default sizes); `counter` is the emulator's own minimal workload ([`crate::counter`]).
+//! default sizes); `counter` is the emulator's own minimal workload ([`crate::counter`]); the
+//! `kernel-*` workloads set off the running kernel's own drains ([`crate::kernel`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,6 +11,8 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use qpw_core::Qpw;
 use qpw_workloads::{Workload, WorkloadKind, WorkloadOptions};
+
+use crate::kernel::KernelDrain;
 
 /// A workload name as the command line spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,16 +27,22 @@ pub enum WorkloadName {
     Slub,
     /// Page-allocator pcp lists, `drain_all_pages` (`mm/page_alloc.c`).
     Pcp,
+    /// The running kernel's own drain, set off from userspace ([`crate::kernel`]).
+    Kernel(KernelDrain),
 }
 
 impl WorkloadName {
     /// Every name, in the order the help lists them.
-    pub const ALL: [WorkloadName; 5] = [
+    pub const ALL: [WorkloadName; 9] = [
         WorkloadName::Lru,
         WorkloadName::Memcg,
         WorkloadName::Slub,
         WorkloadName::Pcp,
         WorkloadName::Counter,
+        WorkloadName::Kernel(KernelDrain::Lru),
+        WorkloadName::Kernel(KernelDrain::Slub),
+        WorkloadName::Kernel(KernelDrain::Vmstat),
+        WorkloadName::Kernel(KernelDrain::Memcg),
     ];
 
     /// The mm workloads the default experiment runs.
@@ -48,6 +57,15 @@ impl WorkloadName {
             WorkloadName::Memcg => "memcg",
             WorkloadName::Slub => "slub",
             WorkloadName::Pcp => "pcp",
+            WorkloadName::Kernel(k) => k.name(),
+        }
+    }
+
+    /// The running kernel's drain, for a kernel workload.
+    pub fn kernel(self) -> Option<KernelDrain> {
+        match self {
+            WorkloadName::Kernel(k) => Some(k),
+            _ => None,
         }
     }
 
@@ -59,6 +77,9 @@ impl WorkloadName {
             WorkloadName::Memcg => WorkloadKind::Memcg,
             WorkloadName::Slub => WorkloadKind::Slub,
             WorkloadName::Pcp => WorkloadKind::Pcp,
+            WorkloadName::Kernel(k) => {
+                anyhow::bail!("`{k}` is the running kernel's own drain: it has no emulated cache")
+            }
         };
         qpw_workloads::build(kind, qpw, &WorkloadOptions::default())
             .with_context(|| format!("cannot build workload `{self}`"))

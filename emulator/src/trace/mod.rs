@@ -213,6 +213,76 @@ fn sorted(v: impl IntoIterator<Item = SourceFigures>) -> Vec<SourceFigures> {
     v
 }
 
+/// The work items kworkers ran on one CPU, by function.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct WorkFigures {
+    /// The CPU.
+    pub cpu: usize,
+    /// The work function.
+    pub function: String,
+    /// Runs.
+    pub runs: u64,
+    /// Run time percentiles and maximum, in microseconds.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// Longest.
+    pub max_us: f64,
+}
+
+impl Traced {
+    /// The work items run on `cpu`, by function, most runs first.
+    pub fn work_on(&self, cpu: usize, ticks_to_us: impl Fn(u64) -> f64) -> Vec<WorkFigures> {
+        let Some(t) = self.timeline.cpus.get(&cpu) else {
+            return Vec::new();
+        };
+        let mut by: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        for w in &t.work {
+            by.entry(&w.function)
+                .or_default()
+                .push(ticks_to_us(w.end.saturating_sub(w.start)));
+        }
+        let mut out: Vec<WorkFigures> = by
+            .into_iter()
+            .map(|(f, mut d)| {
+                d.sort_by(f64::total_cmp);
+                let at = |q: f64| d[((d.len() - 1) as f64 * q).round() as usize];
+                WorkFigures {
+                    cpu,
+                    function: f.to_string(),
+                    runs: d.len() as u64,
+                    p50_us: at(0.5),
+                    p99_us: at(0.99),
+                    max_us: at(1.0),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| b.runs.cmp(&a.runs).then(a.function.cmp(&b.function)));
+        out
+    }
+}
+
+/// Prints the work items run on a CPU, `top` functions; `per` divides runs (drains), if any.
+pub fn print_work(work: &[WorkFigures], top: usize, drains: Option<u64>) {
+    let Some(first) = work.first() else {
+        return;
+    };
+    println!("Work items run on cpu {} (kworkers):", first.cpu);
+    println!(
+        "  {:<40} {:>8} {:>10} {:>10} {:>10} {:>10}",
+        "function", "runs", "per drain", "p50 us", "p99 us", "max us"
+    );
+    for w in work.iter().take(top) {
+        let per = drains.filter(|&d| d > 0).map_or("-".to_string(), |d| {
+            format!("{:.2}", w.runs as f64 / d as f64)
+        });
+        println!(
+            "  {:<40} {:>8} {:>10} {:>10.1} {:>10.1} {:>10.1}",
+            w.function, w.runs, per, w.p50_us, w.p99_us, w.max_us
+        );
+    }
+}
+
 /// One CPU's noise, osnoise-style.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct CpuNoise {

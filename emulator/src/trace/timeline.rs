@@ -284,11 +284,18 @@ impl Timeline {
         };
         let source = self.sources[primary as usize].clone();
         let function = match &source {
+            // The work item with most time in the gap; a flush's barrier only when there is
+            // nothing else (it merely marks the end of the work it waited for).
             Source::Task { pid, .. } => t
                 .work
                 .iter()
                 .filter(|w| w.pid == *pid && w.start < end && start < w.end)
-                .max_by_key(|w| w.end.min(end) - w.start.max(start))
+                .max_by_key(|w| {
+                    (
+                        w.function != "wq_barrier_func",
+                        w.end.min(end) - w.start.max(start),
+                    )
+                })
                 .map(|w| w.function.clone()),
             Source::Ctx(_) => None,
         };
@@ -349,17 +356,24 @@ impl Timeline {
     }
 }
 
-/// The task with the most time on a CPU (the probe, when one spins there).
+/// The probe on a CPU: the busiest task named like a probe (`oslat`, `cyclictest`, ours),
+/// else the busiest task.
 fn busiest_task(tl: &Timeline, t: &CpuTimeline) -> Option<i32> {
-    let mut time: HashMap<i32, u64> = HashMap::new();
+    let mut time: HashMap<i32, (u64, bool)> = HashMap::new();
     for s in &t.segments {
-        if let Source::Task { pid, .. } = &tl.sources[s.source as usize] {
+        if let Source::Task { pid, comm } = &tl.sources[s.source as usize] {
             if *pid != 0 {
-                *time.entry(*pid).or_default() += s.end - s.start;
+                let probe = ["oslat", "cyclictest", "qpw-emu"]
+                    .iter()
+                    .any(|p| comm.starts_with(p));
+                let e = time.entry(*pid).or_insert((0, probe));
+                e.0 += s.end - s.start;
             }
         }
     }
-    time.into_iter().max_by_key(|&(_, t)| t).map(|(p, _)| p)
+    time.into_iter()
+        .max_by_key(|&(_, (t, probe))| (probe, t))
+        .map(|(p, _)| p)
 }
 
 /// A source's name in reports: a kworker by the work function it ran then.

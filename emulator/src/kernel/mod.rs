@@ -1,0 +1,529 @@
+//! The running kernel's own per-CPU drains, set off from userspace: the very drains the PW/QPW
+//! patches convert (`lru_add_drain_all`, SLUB's `flush_all`, `schedule_on_each_cpu`,
+//! `drain_all_stock`), each of which, on a mainline kernel (mode 0), queues a work item to a
+//! kworker on every CPU that has something cached and waits for it.
+//!
+//! | workload | trigger (what it does to the system) | work function on each CPU (6.18) |
+//! |---|---|---|
+//! | `kernel-lru` | `1 > /proc/sys/vm/compact_memory`: compacts every zone | `lru_add_drain_per_cpu` |
+//! | `kernel-slub` | `1 > /sys/kernel/slab/maple_node/shrink`: empties that cache's per-CPU slabs | `flush_cpu_slab` |
+//! | `kernel-vmstat` | `1 > /proc/sys/vm/stat_refresh`: folds every CPU's vm counters | `refresh_vm_stats` |
+//! | `kernel-memcg` | in a memory cgroup of our own: `memory.force_empty` (v1) or a lowered `memory.max` (v2) | `drain_local_memcg_stock`, `drain_local_obj_stock` |
+//!
+//! A drain reaches a CPU only if that CPU has something cached (except `stat_refresh`, which
+//! goes to every CPU), so for `kernel-lru`, `kernel-slub` and `kernel-memcg` a small **filler**
+//! process pinned to the measured CPU faults in and frees a few pages right before each
+//! trigger (that fills the CPU's LRU batch, its `maple_node` slab and, inside the cgroup,
+//! its memcg stock). The filler's own run shows up in the attribution under its own name
+//! (`qpw-filler`), apart from the kworker's.
+//!
+//! The requester (on a housekeeping CPU) times each trigger's `write()`: for
+//! `lru_add_drain_all` that includes waiting for every CPU's work to finish.
+
+pub mod info;
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use anyhow::{anyhow, bail, Context as _, Result};
+
+use crate::clock::monotonic_ns;
+use crate::hist::Histogram;
+use crate::load::{Phase, RequesterReport};
+
+/// One of the kernel's drains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelDrain {
+    /// `lru_add_drain_all`, through memory compaction.
+    Lru,
+    /// SLUB's `flush_all`, through a cache's `shrink`.
+    Slub,
+    /// `schedule_on_each_cpu(refresh_vm_stats)`, through `stat_refresh`.
+    Vmstat,
+    /// `drain_all_stock`, through a memory cgroup of our own.
+    Memcg,
+}
+
+/// The SLUB cache shrunk: one the filler's `mmap`/`munmap` allocates from on the measured CPU
+/// (the address-space tree's nodes). `vm_area_struct` and `anon_vma_chain` also fill, but
+/// their flush is too short (2 us) to stand apart from the probe's own noise.
+pub const SLAB_CACHE: &str = "maple_node";
+
+impl KernelDrain {
+    /// Every kernel workload, in the order the help lists them.
+    pub const ALL: [KernelDrain; 4] = [
+        KernelDrain::Lru,
+        KernelDrain::Slub,
+        KernelDrain::Vmstat,
+        KernelDrain::Memcg,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelDrain::Lru => "kernel-lru",
+            KernelDrain::Slub => "kernel-slub",
+            KernelDrain::Vmstat => "kernel-vmstat",
+            KernelDrain::Memcg => "kernel-memcg",
+        }
+    }
+
+    /// The default trigger rate: a compaction costs the requester a few hundred ms, a slab
+    /// shrink or vmstat refresh a few ms, a cgroup's force_empty 5-15 ms (measured on the
+    /// development VM).
+    pub fn default_rate_hz(self) -> f64 {
+        match self {
+            KernelDrain::Lru => 2.0,
+            KernelDrain::Slub | KernelDrain::Vmstat => 50.0,
+            KernelDrain::Memcg => 20.0,
+        }
+    }
+
+    /// What a trigger does to the system, in words.
+    pub fn effect(self) -> String {
+        match self {
+            KernelDrain::Lru => "compacts all memory (writes 1 to /proc/sys/vm/compact_memory), \
+                                 which runs lru_add_drain_all"
+                .to_string(),
+            KernelDrain::Slub => format!(
+                "shrinks the {SLAB_CACHE} slab cache (writes 1 to \
+                 /sys/kernel/slab/{SLAB_CACHE}/shrink), which runs SLUB's flush_all"
+            ),
+            KernelDrain::Vmstat => "refreshes the vm statistics (writes 1 to \
+                                    /proc/sys/vm/stat_refresh), which runs \
+                                    schedule_on_each_cpu(refresh_vm_stats)"
+                .to_string(),
+            KernelDrain::Memcg => "creates a memory cgroup of its own (removed at the end), \
+                                   charges pages in it from the measured CPU, and empties it \
+                                   (memory.force_empty on cgroup v1, a lowered memory.max on \
+                                   v2), which runs drain_all_stock"
+                .to_string(),
+        }
+    }
+
+    /// The work functions a trigger queues to each CPU on a 6.18 kernel.
+    pub fn work_functions(self) -> &'static [&'static str] {
+        match self {
+            KernelDrain::Lru => &["lru_add_drain_per_cpu"],
+            KernelDrain::Slub => &["flush_cpu_slab"],
+            KernelDrain::Vmstat => &["refresh_vm_stats"],
+            KernelDrain::Memcg => &["drain_local_memcg_stock", "drain_local_obj_stock"],
+        }
+    }
+
+    /// Whether the measured CPU needs the filler for the drain to reach it.
+    pub fn needs_filler(self) -> bool {
+        !matches!(self, KernelDrain::Vmstat)
+    }
+
+    /// The kernel workload named `name`, if it is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+impl std::fmt::Display for KernelDrain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Checks, before anything starts, that `drain` can run here: root, and the file it writes.
+pub fn preflight(drain: KernelDrain) -> Result<()> {
+    // SAFETY: `geteuid` has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "--workload {drain} needs root: it {}; run with sudo, or use the emulated \
+             workloads (lru, memcg, slub), which need no privilege",
+            drain.effect()
+        );
+    }
+    match drain {
+        KernelDrain::Lru => need_file("/proc/sys/vm/compact_memory", "CONFIG_COMPACTION"),
+        KernelDrain::Slub => need_file(
+            &format!("/sys/kernel/slab/{SLAB_CACHE}/shrink"),
+            "SLUB with sysfs (CONFIG_SLUB, CONFIG_SYSFS)",
+        ),
+        KernelDrain::Vmstat => need_file("/proc/sys/vm/stat_refresh", "CONFIG_PROC_FS"),
+        KernelDrain::Memcg => MemCgroup::locate().map(|_| ()),
+    }
+}
+
+fn need_file(path: &str, what: &str) -> Result<()> {
+    if Path::new(path).exists() {
+        Ok(())
+    } else {
+        bail!("{path} does not exist: this kernel lacks {what}, which the workload needs")
+    }
+}
+
+/// Where memory cgroups live: v1 (`/sys/fs/cgroup/memory`) or v2 (a unified hierarchy with
+/// the memory controller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Hierarchy {
+    V1(PathBuf),
+    V2(PathBuf),
+}
+
+/// A memory cgroup of ours, removed on drop.
+#[derive(Debug)]
+pub struct MemCgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl MemCgroup {
+    fn locate() -> Result<Hierarchy> {
+        let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        let mut v2 = None;
+        for l in mounts.lines() {
+            let f: Vec<&str> = l.split(' ').collect();
+            if f.len() < 4 {
+                continue;
+            }
+            if f[2] == "cgroup" && f[3].split(',').any(|o| o == "memory") {
+                return Ok(Hierarchy::V1(PathBuf::from(f[1])));
+            }
+            if f[2] == "cgroup2" {
+                let controllers =
+                    std::fs::read_to_string(Path::new(f[1]).join("cgroup.controllers"))
+                        .unwrap_or_default();
+                if controllers.split_whitespace().any(|c| c == "memory") {
+                    v2 = Some(PathBuf::from(f[1]));
+                }
+            }
+        }
+        v2.map(Hierarchy::V2).ok_or_else(|| {
+            anyhow!(
+                "no memory cgroup controller is mounted (neither a cgroup v1 `memory` hierarchy \
+                 nor cgroup v2 with `memory` in cgroup.controllers): kernel-memcg needs \
+                 CONFIG_MEMCG and the controller mounted"
+            )
+        })
+    }
+
+    /// Creates `qpw-emu-<pid>` under the memory hierarchy.
+    pub fn create() -> Result<Self> {
+        let (root, v2) = match Self::locate()? {
+            Hierarchy::V1(p) => (p, false),
+            Hierarchy::V2(p) => (p, true),
+        };
+        if v2 {
+            let control =
+                std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
+            if !control.split_whitespace().any(|c| c == "memory") {
+                bail!(
+                    "cgroup v2 at {} does not delegate the memory controller to its children \
+                     (add it with `echo +memory > {}/cgroup.subtree_control`); nothing was \
+                     changed",
+                    root.display(),
+                    root.display()
+                );
+            }
+        }
+        let dir = root.join(format!("qpw-emu-{}", std::process::id()));
+        std::fs::create_dir(&dir)
+            .with_context(|| format!("cannot create the memory cgroup {}", dir.display()))?;
+        Ok(Self { dir, v2 })
+    }
+
+    /// The file a process writes `0` to in order to join.
+    fn procs(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    /// Empties the cgroup's charges: `memory.force_empty` (v1); on v2, a `memory.max` just
+    /// under the usage, then back to `max` (both run `drain_all_stock`).
+    fn empty(&self, force_empty: &mut Option<File>) -> std::io::Result<()> {
+        if !self.v2 {
+            let f = match force_empty {
+                Some(f) => f,
+                None => force_empty.insert(
+                    OpenOptions::new()
+                        .write(true)
+                        .open(self.dir.join("memory.force_empty"))?,
+                ),
+            };
+            return f.write_all(b"0");
+        }
+        let current: u64 = std::fs::read_to_string(self.dir.join("memory.current"))?
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        let max = self.dir.join("memory.max");
+        std::fs::write(&max, current.saturating_sub(4096).max(4096).to_string())?;
+        std::fs::write(&max, "max")
+    }
+}
+
+impl Drop for MemCgroup {
+    fn drop(&mut self) {
+        // The filler has left (it was killed and reaped first); an emptied cgroup can go.
+        for _ in 0..100 {
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+}
+
+/// The filler: a child process pinned to the measured CPU that faults in and frees a few pages
+/// when asked (one byte on its stdin), and answers when done (one byte on its stdout).
+#[derive(Debug)]
+struct Filler {
+    child: Child,
+    to: ChildStdin,
+    from: ChildStdout,
+}
+
+impl Filler {
+    fn start(cpu: usize, cgroup: Option<&MemCgroup>) -> Result<Self> {
+        let exe = std::env::current_exe().context("cannot find our own executable")?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["__filler", &cpu.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(cg) = cgroup {
+            let procs = std::ffi::CString::new(cg.procs().as_os_str().as_encoded_bytes())?;
+            // SAFETY: the closure runs in the child between fork and exec and makes only
+            // async-signal-safe system calls (open, write, close) on a path made beforehand.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                    let err = std::io::Error::last_os_error();
+                    libc::close(fd);
+                    if ok {
+                        Ok(())
+                    } else {
+                        Err(err)
+                    }
+                });
+            }
+        }
+        let mut child = cmd
+            .spawn()
+            .context("cannot start the filler process (qpw-emu __filler)")?;
+        let (Some(to), Some(from)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            bail!("the filler process has no pipes");
+        };
+        let mut filler = Self { child, to, from };
+        // It answers once when it is pinned and ready.
+        filler.wait_answer()?;
+        Ok(filler)
+    }
+
+    fn wait_answer(&mut self) -> Result<()> {
+        let mut b = [0u8; 1];
+        match self.from.read(&mut b) {
+            Ok(1) if b[0] == b'+' => Ok(()),
+            Ok(1) => bail!("the filler failed (answer {:?})", b[0] as char),
+            _ => bail!("the filler process ended"),
+        }
+    }
+
+    /// Asks for one fill and waits for it.
+    fn fill(&mut self) -> Result<()> {
+        self.to
+            .write_all(b"f")
+            .context("cannot reach the filler process")?;
+        self.wait_answer()
+    }
+}
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The body of `qpw-emu __filler CPU`: pin, report ready, then fill on request until stdin
+/// closes.
+pub fn filler_main(cpu: usize) -> Result<()> {
+    qpw_core::pin_current_thread(cpu)
+        .with_context(|| format!("filler: cannot pin to cpu {cpu}"))?;
+    let name = std::ffi::CString::new("qpw-filler")?;
+    // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
+    unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+    let mut stdin = std::io::stdin().lock();
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(b"+")?;
+    stdout.flush()?;
+    let mut b = [0u8; 1];
+    const PAGES: usize = 16;
+    while stdin.read(&mut b)? == 1 {
+        // SAFETY: an anonymous private mapping; the pointer is used only within its length
+        // and unmapped before the next one.
+        let ok = unsafe {
+            let len = PAGES * 4096;
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                false
+            } else {
+                for i in 0..PAGES {
+                    std::ptr::write_volatile(p.cast::<u8>().add(i * 4096), 1);
+                }
+                libc::munmap(p, len) == 0
+            }
+        };
+        stdout.write_all(if ok { b"+" } else { b"!" })?;
+        stdout.flush()?;
+    }
+    Ok(())
+}
+
+/// The kernel drain load: the requester thread, with the filler and the cgroup it needs.
+#[derive(Debug)]
+pub struct KernelLoad {
+    requester: Option<JoinHandle<Result<(RequesterReport, Histogram)>>>,
+    /// Dropped after the requester has stopped: the filler first, then its cgroup.
+    _filler_and_cgroup: Arc<std::sync::Mutex<(Option<Filler>, Option<MemCgroup>)>>,
+}
+
+/// The pause between a fill and the trigger.
+const FILL_TO_TRIGGER: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Requester drain-time histogram: 1 us buckets up to 10 ms, exact past that.
+const BUCKETS: usize = 10_000;
+
+impl KernelLoad {
+    /// Sets up `drain` (cgroup and filler on `target`) and starts the requester on
+    /// `requester_cpu`; it fires `rate_hz` times a second once `phase` goes.
+    pub fn start(
+        drain: KernelDrain,
+        target: usize,
+        requester_cpu: usize,
+        rate_hz: f64,
+        phase: &Arc<Phase>,
+    ) -> Result<Self> {
+        preflight(drain)?;
+        let cgroup = match drain {
+            KernelDrain::Memcg => Some(MemCgroup::create()?),
+            _ => None,
+        };
+        let filler = if drain.needs_filler() {
+            Some(Filler::start(target, cgroup.as_ref())?)
+        } else {
+            None
+        };
+        let shared = Arc::new(std::sync::Mutex::new((filler, cgroup)));
+        let requester = if rate_hz > 0.0 {
+            let (shared, phase) = (shared.clone(), phase.clone());
+            Some(
+                std::thread::Builder::new()
+                    .name("qpw-kernel-requester".into())
+                    .spawn(move || requester(drain, requester_cpu, rate_hz, &shared, &phase))
+                    .with_context(|| {
+                        format!("cannot start the requester thread (cpu {requester_cpu})")
+                    })?,
+            )
+        } else {
+            None
+        };
+        Ok(Self {
+            requester,
+            _filler_and_cgroup: shared,
+        })
+    }
+
+    /// Waits for the requester (after the phase was stopped) and tears down.
+    pub fn finish(mut self) -> Result<Option<(RequesterReport, Histogram)>> {
+        self.requester
+            .take()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow!("the kernel requester thread panicked"))?
+            })
+            .transpose()
+    }
+}
+
+fn requester(
+    drain: KernelDrain,
+    cpu: usize,
+    rate_hz: f64,
+    shared: &std::sync::Mutex<(Option<Filler>, Option<MemCgroup>)>,
+    phase: &Phase,
+) -> Result<(RequesterReport, Histogram)> {
+    qpw_core::pin_current_thread(cpu)
+        .with_context(|| format!("cannot pin the requester to cpu {cpu}"))?;
+    let mut hist = Histogram::new(BUCKETS, 1000);
+    let mut report = RequesterReport {
+        cpu,
+        rate_hz,
+        force: false,
+        ..RequesterReport::default()
+    };
+    let trigger_path = match drain {
+        KernelDrain::Lru => Some("/proc/sys/vm/compact_memory".to_string()),
+        KernelDrain::Slub => Some(format!("/sys/kernel/slab/{SLAB_CACHE}/shrink")),
+        KernelDrain::Vmstat => Some("/proc/sys/vm/stat_refresh".to_string()),
+        KernelDrain::Memcg => None,
+    };
+    let mut trigger = trigger_path
+        .as_ref()
+        .map(|p| {
+            OpenOptions::new()
+                .write(true)
+                .open(p)
+                .with_context(|| format!("cannot open {p}"))
+        })
+        .transpose()?;
+    let mut force_empty = None;
+    if !phase.wait_go() {
+        return Ok((report, hist));
+    }
+    let missed = crate::load::paced(rate_hz, phase, || {
+        let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let (filler, cgroup) = &mut *guard;
+        if let Some(f) = filler {
+            if let Err(e) = f.fill() {
+                report.errors += 1;
+                report.first_error.get_or_insert_with(|| format!("{e:#}"));
+                return;
+            }
+            // Let the probe run again before the drain, so that the filler's run and the
+            // kworker's are two gaps, each attributed to its own.
+            std::thread::sleep(FILL_TO_TRIGGER);
+        }
+        let t0 = monotonic_ns();
+        let out = match (&mut trigger, cgroup) {
+            (Some(f), _) => f.write_all(b"1"),
+            (None, Some(cg)) => cg.empty(&mut force_empty),
+            (None, None) => Ok(()),
+        };
+        hist.record(monotonic_ns() - t0);
+        report.drains += 1;
+        if let Err(e) = out {
+            report.errors += 1;
+            report.first_error.get_or_insert_with(|| {
+                format!(
+                    "{}: {e}",
+                    trigger_path.as_deref().unwrap_or("memory cgroup")
+                )
+            });
+        }
+    });
+    report.missed_deadlines = missed;
+    report.set_times(&hist);
+    Ok((report, hist))
+}

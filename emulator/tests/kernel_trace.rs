@@ -1,0 +1,366 @@
+//! Live attribution on the running kernel (root and tracefs; elsewhere each test says why it is
+//! skipped): queue mode's worker is attributed and remote mode has nothing of qpw on the
+//! target; a kernel workload's work function runs on the target once per drain; a run
+//! interrupted with SIGINT leaves no tracefs instance, cgroup or mount behind; and bad input
+//! is refused before anything starts.
+
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The live tests measure the same CPU: one at a time.
+static LIVE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn live() -> std::sync::MutexGuard<'static, ()> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn emu() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_qpw-emu"))
+}
+
+fn is_root() -> bool {
+    // SAFETY: `geteuid` has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Whether live tracing can run here; prints the reason when not.
+fn can_trace(test: &str) -> bool {
+    if !is_root() {
+        eprintln!("{test}: skipped: tracing needs root");
+        return false;
+    }
+    let mounted = std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .contains(" tracefs ");
+    let available = std::fs::read_to_string("/proc/filesystems")
+        .unwrap_or_default()
+        .contains("tracefs");
+    if !mounted && !available {
+        eprintln!("{test}: skipped: this kernel has no tracefs");
+        return false;
+    }
+    true
+}
+
+fn target() -> String {
+    qpw_core::allowed_cpus()
+        .ok()
+        .and_then(|c| c.last())
+        .unwrap_or(0)
+        .to_string()
+}
+
+fn two_cpus(test: &str) -> bool {
+    let n = qpw_core::allowed_cpus().map_or(1, |c| c.len());
+    if n < 2 {
+        eprintln!("{test}: skipped: needs a measured and a housekeeping CPU");
+    }
+    n >= 2
+}
+
+fn run_json(args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.json");
+    let out = emu()
+        .args(args)
+        .arg("--json")
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .expect("qpw-emu runs");
+    assert!(
+        out.status.success(),
+        "{args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap()
+}
+
+fn sources(json: &Value) -> Vec<(String, u64)> {
+    json["trace"]["attribution"][0]["top"]
+        .as_array()
+        .expect("an attribution")
+        .iter()
+        .map(|s| {
+            (
+                s["source"].as_str().unwrap().to_string(),
+                s["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn queue_mode_worker_is_attributed_and_remote_mode_leaves_nothing_of_qpw() {
+    let _one_at_a_time = live();
+    let test = "queue_mode_worker_is_attributed";
+    if !can_trace(test) || !two_cpus(test) {
+        return;
+    }
+    let cpu = target();
+    let worker = format!("qpw/{cpu}");
+    let args = |mode| {
+        [
+            "oslat",
+            "-c",
+            &cpu,
+            "-D",
+            "2",
+            "-q",
+            "--trace",
+            "--mode",
+            mode,
+            "--workload",
+            "lru",
+            "--drain-rate",
+            "500",
+        ]
+        .map(str::to_string)
+    };
+    let queue = run_json(&args("queue").each_ref().map(String::as_str));
+    let drains = queue["requester"]["drains"].as_u64().unwrap();
+    let by_worker = sources(&queue)
+        .iter()
+        .find(|(s, _)| *s == worker)
+        .map_or(0, |s| s.1);
+    assert!(
+        by_worker * 2 >= drains,
+        "queue mode: {by_worker} gaps attributed to {worker} for {drains} drains: {:?}",
+        sources(&queue)
+    );
+    assert_eq!(queue["trace"]["health"]["clock"], "x86-tsc");
+    let remote = run_json(&args("remote").each_ref().map(String::as_str));
+    let of_qpw: Vec<_> = sources(&remote)
+        .into_iter()
+        .filter(|(s, _)| s.starts_with("qpw/"))
+        .collect();
+    assert!(of_qpw.is_empty(), "remote mode: {of_qpw:?}");
+    assert_eq!(
+        remote["trace"]["attribution"][0]["by_bucket"]["qpw"].as_u64(),
+        None
+    );
+}
+
+#[test]
+fn a_kernel_drain_runs_its_work_function_on_the_target_once_per_drain() {
+    let _one_at_a_time = live();
+    let test = "a_kernel_drain_runs_its_work_function";
+    if !can_trace(test) || !two_cpus(test) {
+        return;
+    }
+    if !std::path::Path::new("/proc/sys/vm/stat_refresh").exists() {
+        eprintln!("{test}: skipped: no /proc/sys/vm/stat_refresh");
+        return;
+    }
+    let cpu = target();
+    let json = run_json(&[
+        "oslat",
+        "-c",
+        &cpu,
+        "-D",
+        "2",
+        "-q",
+        "--trace",
+        "--workload",
+        "kernel-vmstat",
+        "--drain-rate",
+        "20",
+    ]);
+    let drains = json["requester"]["drains"].as_u64().unwrap();
+    let runs = json["trace"]["work"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["function"] == "refresh_vm_stats")
+        .map_or(0, |w| w["runs"].as_u64().unwrap());
+    assert!(drains > 0);
+    // Other users of stat_refresh may add a run; none may be missing.
+    assert!(
+        runs >= drains && runs <= drains + 2,
+        "{runs} runs of refresh_vm_stats on cpu {cpu} for {drains} drains"
+    );
+    assert!(json["trace"]["kernel"]["mode"].as_str().is_some());
+}
+
+/// Leftovers of a run with pid `pid`: tracefs instances, cgroups, our tracefs mount.
+fn leftovers(pid: u32) -> Vec<String> {
+    let name = format!("qpw-emu-{pid}");
+    let mut found = Vec::new();
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    for line in mounts.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        if f.len() < 3 {
+            continue;
+        }
+        if f[2] == "tracefs" {
+            if f[1].contains("qpw-emu-tracefs") {
+                found.push(format!("tracefs mounted on {}", f[1]));
+            }
+            let inst = std::path::Path::new(f[1]).join("instances").join(&name);
+            if inst.exists() {
+                found.push(inst.display().to_string());
+            }
+        }
+        if f[2] == "cgroup" || f[2] == "cgroup2" {
+            let cg = std::path::Path::new(f[1]).join(&name);
+            if cg.exists() {
+                found.push(cg.display().to_string());
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn sigint_leaves_nothing_behind() {
+    let _one_at_a_time = live();
+    let test = "sigint_leaves_nothing_behind";
+    if !can_trace(test) || !two_cpus(test) {
+        return;
+    }
+    let has_memcg = std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains("cgroup") && l.contains("memory"));
+    let workload = if has_memcg {
+        "kernel-memcg"
+    } else {
+        "kernel-vmstat"
+    };
+    let cpu = target();
+    let child = emu()
+        .args([
+            "oslat",
+            "-c",
+            &cpu,
+            "-D",
+            "60",
+            "-q",
+            "--trace",
+            "--workload",
+            workload,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Wait until the run has set itself up (its instance exists), then interrupt it.
+    let start = Instant::now();
+    while leftovers(pid).is_empty() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !leftovers(pid).is_empty(),
+        "the run never set up its trace instance"
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    // SAFETY: `kill` with a valid pid of our own child and a signal number.
+    unsafe { libc::kill(pid as i32, libc::SIGINT) };
+    let out = wait(child, Duration::from_secs(30));
+    assert!(
+        out.status.success(),
+        "an interrupted run still reports and exits 0: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(leftovers(pid), Vec::<String>::new());
+}
+
+fn wait(mut child: std::process::Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("qpw-emu did not end within {limit:?} of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn fails_with(args: &[&str], needle: &str) {
+    let out = emu().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} should fail");
+    assert!(stderr.contains(needle), "{args:?}: `{needle}` in {stderr}");
+}
+
+#[test]
+fn bad_input_is_refused_before_anything_starts() {
+    fails_with(
+        &["load", "--workload", "kernel-foo", "-D", "1"],
+        "unknown workload `kernel-foo`: expected one of lru, memcg, slub, pcp, counter, \
+         kernel-lru, kernel-slub, kernel-vmstat, kernel-memcg",
+    );
+    fails_with(
+        &["oslat", "-D", "1", "--trace", "0"],
+        "--trace 0: must be a number",
+    );
+    fails_with(
+        &[
+            "load",
+            "--workload",
+            "kernel-lru",
+            "--mode",
+            "remote",
+            "-D",
+            "1",
+        ],
+        "leave --mode out for kernel workloads",
+    );
+    fails_with(
+        &["trace", "-D", "1", "--json", "/nonexistent/dir/t.json"],
+        "the folder /nonexistent/dir does not exist",
+    );
+}
+
+#[test]
+fn without_root_kernel_workloads_and_tracing_are_refused_clearly() {
+    let as_user = |args: &[&str]| {
+        let mut cmd = emu();
+        cmd.args(args);
+        if is_root() {
+            // SAFETY: in the child before exec: setgroups/setgid/setuid are async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(65534) != 0
+                        || libc::setuid(65534) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        cmd.output()
+    };
+    for (args, needle) in [
+        (
+            &["load", "--workload", "kernel-lru", "-D", "1"][..],
+            "--workload kernel-lru needs root",
+        ),
+        (&["trace", "-D", "1"][..], "need root"),
+        (&["oslat", "-D", "1", "--trace"][..], "need root"),
+    ] {
+        let out = match as_user(args) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("skipped: cannot run qpw-emu as uid 65534 here: {e}");
+                return;
+            }
+        };
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if stderr.contains("Permission denied") && !stderr.contains("Error:") {
+            eprintln!("skipped: uid 65534 cannot reach the binary: {stderr}");
+            return;
+        }
+        assert!(!out.status.success(), "{args:?} should be refused");
+        assert!(stderr.contains(needle), "{args:?}: `{needle}` in {stderr}");
+    }
+}
