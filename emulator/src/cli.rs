@@ -146,17 +146,15 @@ pub struct RunArgs {
     /// Results folder (default: ./results/TIMESTAMP).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Workloads, comma-separated: lru, memcg, slub, pcp, counter (default: lru,memcg,slub).
+    /// Workloads, comma-separated: lru, memcg, slub, pcp, counter, kernel-lru, kernel-slub,
+    /// kernel-vmstat, kernel-memcg (default: lru,memcg,slub, and as root with tracefs the four
+    /// kernel workloads).
     #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     pub workloads: Option<String>,
-    /// Requester drains per second, 1-100000.
-    #[arg(
-        long,
-        value_name = "HZ",
-        default_value = "1000",
-        allow_hyphen_values = true
-    )]
-    pub drain_rate: String,
+    /// Requester drains per second, 1-100000 (default 1000; the kernel workloads' own rates
+    /// for their rows).
+    #[arg(long, value_name = "HZ", allow_hyphen_values = true)]
+    pub drain_rate: Option<String>,
     /// The measured CPU (default: an isolated CPU, else the last allowed one).
     #[arg(long, value_name = "CPU", allow_hyphen_values = true)]
     pub target: Option<String>,

@@ -17,6 +17,7 @@
 //! Results are written after every scenario round (every scenario's JSON so far, then the
 //! summary and the plots), so an interrupted run keeps what it measured.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -28,12 +29,14 @@ use crate::clock::Calibration;
 use crate::commands::{note_outcome, oslat_json, Cpus};
 use crate::hist::Histogram;
 use crate::json::{self, Interruptions, QpwFields, Settings, ThreadFigures};
+use crate::kernel::info::KernelInfo;
 use crate::load::{LoadReport, Phase, RequesterReport};
 use crate::oslat::{self, OslatConfig, OslatRun};
 use crate::report::{self, Row};
 use crate::rt::{self, SysInfo, Warnings};
 use crate::scenario::{self, DrainSpec};
 use crate::svg::{self, Series};
+use crate::trace::{tracefs, Session};
 use crate::validate;
 use crate::workload::WorkloadName;
 
@@ -47,7 +50,7 @@ pub fn default_args() -> RunArgs {
         duration: "5s".into(),
         out: None,
         workloads: None,
-        drain_rate: "1000".into(),
+        drain_rate: None,
         target: None,
         rtprio: None,
         local_op_every: "200".into(),
@@ -99,13 +102,58 @@ struct Summary {
     notes: Vec<String>,
     /// Setup steps that failed.
     warnings: Vec<String>,
+    /// The running kernel's per-CPU-work mode, isolation and RT throttling.
+    kernel: KernelInfo,
+    /// With tracing: per scenario, what the target's interruptions were (and, for the kernel
+    /// workloads, the work items run on the target).
+    attribution: Vec<ScenarioAttribution>,
+}
+
+/// What the trace of the target said about one scenario.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+struct ScenarioAttribution {
+    /// The scenario.
+    scenario: String,
+    /// The target's interruptions (gaps at or above the threshold) by what ran in them:
+    /// `qpw` (our worker), `kernel` (kworkers), `other`, `unexplained`.
+    by_bucket: BTreeMap<String, u64>,
+    /// The sources, most gap time first (the first 8).
+    top: Vec<crate::trace::SourceFigures>,
+    /// For a kernel workload: its drains, and the runs of its work function on the target.
+    kernel_work: Option<KernelWork>,
+    /// Events the trace lost in this scenario.
+    lost_events: u64,
+}
+
+/// The kernel's work on the target for one kernel workload.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+struct KernelWork {
+    /// The work function.
+    function: String,
+    /// Drains (triggers) done.
+    drains: u64,
+    /// Runs of the work function on the target.
+    runs: u64,
+    /// Runs per drain.
+    runs_per_drain: Option<f64>,
+    /// Run time p50, p99 and max, in microseconds.
+    p50_us: f64,
+    /// 99th percentile.
+    p99_us: f64,
+    /// Longest.
+    max_us: f64,
 }
 
 /// Runs the experiment.
 pub fn run(args: &RunArgs) -> Result<()> {
     let cpus = Cpus::read()?;
     let duration = validate::duration("--duration", &args.duration)?;
-    let rate = validate::float_in("--drain-rate", &args.drain_rate, 1.0, 100_000.0)?;
+    let rate_given = args
+        .drain_rate
+        .as_deref()
+        .map(|r| validate::float_in("--drain-rate", r, 1.0, 100_000.0))
+        .transpose()?;
+    let rate = rate_given.unwrap_or(1000.0);
     let target = match &args.target {
         Some(t) => validate::cpu("--target", t, &cpus.allowed)?,
         None => cpus.target,
@@ -123,6 +171,31 @@ pub fn run(args: &RunArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?,
         None => WorkloadName::DEFAULT_EXPERIMENT.to_vec(),
+    };
+    // With root and tracefs: the kernel's own drains too, and every scenario traced.
+    let tracing = match tracefs::preflight().and_then(|()| tracefs::available()) {
+        Ok(()) => true,
+        Err(e) => {
+            notes.push(format!(
+                "no kernel rows and no attribution of the target's interruptions: {e:#}"
+            ));
+            false
+        }
+    };
+    let asked: Vec<WorkloadName> = if args.workloads.is_none() && tracing {
+        let mut all = asked;
+        for k in crate::kernel::KernelDrain::ALL {
+            match crate::kernel::preflight(k) {
+                Ok(()) => all.push(WorkloadName::Kernel(k)),
+                Err(e) => notes.push(format!("no {k} row: {e:#}")),
+            }
+        }
+        all
+    } else {
+        for k in asked.iter().filter_map(|w| w.kernel()) {
+            crate::kernel::preflight(k)?;
+        }
+        asked
     };
     let mut workloads = Vec::new();
     for w in asked {
@@ -160,7 +233,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     rt::catch_sigint();
     let calibration = Calibration::measure();
     let rounds = validate::int_in("--rounds", &args.rounds, 1, 100)? as u32;
-    let n_scen = 1 + 2 * workloads.len();
+    let n_scen = 1 + workloads
+        .iter()
+        .map(|w| if w.kernel().is_some() { 1 } else { 2 })
+        .sum::<usize>();
     let chunk = duration / rounds;
     if !quiet {
         eprintln!(
@@ -175,8 +251,19 @@ pub fn run(args: &RunArgs) -> Result<()> {
 
     // The scenarios: the idle baseline, then each workload in each mode.
     let base_workload = workloads.first().copied().unwrap_or(WorkloadName::Lru);
+    let base_workload = if base_workload.kernel().is_some() {
+        WorkloadName::Lru
+    } else {
+        base_workload
+    };
     let mut scenarios = vec![Acc::new("idle", Mode::Queue, base_workload, 0.0)];
     for &w in &workloads {
+        if let Some(k) = w.kernel() {
+            // The kernel decides its own mode; its drains go at a rate that suits their cost.
+            let rate = rate_given.unwrap_or_else(|| k.default_rate_hz());
+            scenarios.push(Acc::new(w.name(), Mode::Queue, w, rate));
+            continue;
+        }
         for mode in [Mode::Queue, Mode::Remote] {
             scenarios.push(Acc::new(&format!("{mode}-{w}"), mode, w, rate));
         }
@@ -200,6 +287,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         files: Vec::new(),
         notes,
         warnings,
+        tracing,
+        kernel: KernelInfo::read(),
     };
 
     // Every round runs every scenario once, so that slow drifts in the machine's noise fall on
@@ -220,6 +309,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         "{}",
         report::table(&rows, Some(ctx.target), ctx.threshold().map(|t| t.0))
     );
+    ctx.print_attribution();
     println!();
     for n in &ctx.notes {
         println!("note: {n}");
@@ -261,6 +351,11 @@ struct Acc {
     rounds: u32,
     /// The target's figures of each round, in order.
     by_round: Vec<RoundPart>,
+    /// With tracing: what the target's interruptions were.
+    attribution: ScenarioAttribution,
+    /// With tracing, for a kernel workload: each run of its work function on the target, in
+    /// microseconds.
+    work_us: Vec<f64>,
 }
 
 impl Acc {
@@ -281,6 +376,11 @@ impl Acc {
             qpw_desc: String::new(),
             rounds: 0,
             by_round: Vec::new(),
+            attribution: ScenarioAttribution {
+                scenario: name.to_string(),
+                ..ScenarioAttribution::default()
+            },
+            work_us: Vec::new(),
         }
     }
 }
@@ -305,7 +405,13 @@ struct Ctx {
     files: Vec<String>,
     notes: Vec<String>,
     warnings: Warnings,
+    /// Whether every scenario is traced.
+    tracing: bool,
+    kernel: KernelInfo,
 }
+
+/// Gaps kept for attribution: from 1 us, so that the threshold can be derived afterwards.
+const GAP_LOG_NS: u64 = 1000;
 
 impl Ctx {
     /// One round of scenario `i`, merged into its accumulator.
@@ -324,6 +430,21 @@ impl Ctx {
             requester_prio: None,
             target_cpu: self.target,
         };
+        let session = if self.tracing {
+            match Session::start(&target_set, Some(self.housekeeping)) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    self.warnings.push(
+                        self.quiet,
+                        format!("tracing stopped: cannot start the trace ({e:#})"),
+                    );
+                    self.tracing = false;
+                    None
+                }
+            }
+        } else {
+            None
+        };
         let setup = scenario::setup(&spec)?;
         let cfg = OslatConfig {
             cpus: target_set,
@@ -337,7 +458,7 @@ impl Ctx {
             quiet: self.quiet,
             label: format!("{} ({}/{})", acc.name, round + 1, self.rounds),
             progress_span: Some((self.chunk * self.done, self.chunk * self.total_chunks)),
-            gap_log_ns: None,
+            gap_log_ns: session.as_ref().map(|_| GAP_LOG_NS),
         };
         let phase: std::sync::Arc<Phase> = setup.phase.clone();
         let qpw_desc = setup.describe();
@@ -381,7 +502,107 @@ impl Ctx {
         acc.qpw_desc = qpw_desc;
         acc.rounds += 1;
         self.done += 1;
+        if let Some(session) = session {
+            let traced = session.finish()?;
+            self.attribute_round(i, &traced, thread, &outcome);
+        }
         Ok(())
+    }
+
+    /// Matches one round's gaps at the threshold (the idle baseline's so far; the idle
+    /// scenario runs first in every round) and adds them to scenario `i`'s attribution.
+    fn attribute_round(
+        &mut self,
+        i: usize,
+        traced: &crate::trace::Traced,
+        thread: &crate::oslat::OslatThread,
+        outcome: &scenario::Outcome,
+    ) {
+        // The idle scenario of this round is merged into its accumulator only afterwards: for
+        // it, derive the threshold from its own gaps.
+        let threshold_ns = self
+            .threshold()
+            .map(|t| t.0)
+            .unwrap_or_else(|| derive_threshold(&thread.hist).0);
+        let conv = crate::trace_cmd::ticks_to_us(&traced.clock, self.calibration);
+        let gaps: Vec<(u64, u64)> = thread
+            .gaps
+            .iter()
+            .copied()
+            .filter(|&(a, b)| self.calibration.to_ns(b - a) >= threshold_ns)
+            .collect();
+        let a = traced.attribute_gaps(
+            self.target,
+            thread.tid,
+            &gaps,
+            thread.gaps_not_kept,
+            threshold_ns as f64 / 1000.0,
+            &conv,
+        );
+        let acc = &mut self.scenarios[i];
+        for (k, v) in a.by_bucket {
+            *acc.attribution.by_bucket.entry(k).or_default() += v;
+        }
+        if let Some(lost) = a.by_class.get("lost") {
+            *acc.attribution.by_bucket.entry("lost".into()).or_default() += lost.count;
+        }
+        acc.attribution.lost_events += traced.lost_events;
+        let mut top: BTreeMap<String, crate::trace::SourceFigures> = acc
+            .attribution
+            .top
+            .drain(..)
+            .map(|s| (s.source.clone(), s))
+            .collect();
+        for s in a.top {
+            let e = top
+                .entry(s.source.clone())
+                .or_insert_with(|| crate::trace::SourceFigures {
+                    source: s.source.clone(),
+                    class: s.class.clone(),
+                    ..Default::default()
+                });
+            e.count += s.count;
+            e.total_us += s.total_us;
+            e.max_us = e.max_us.max(s.max_us);
+        }
+        let mut top: Vec<_> = top.into_values().collect();
+        top.sort_by(|a, b| b.total_us.total_cmp(&a.total_us));
+        top.truncate(8);
+        acc.attribution.top = top;
+        if let Some(k) = acc.workload.kernel() {
+            let function = k.work_functions()[0];
+            if let Some(t) = traced.timeline.cpus.get(&self.target) {
+                let runs: Vec<f64> = t
+                    .work
+                    .iter()
+                    .filter(|w| w.function == function)
+                    .map(|w| conv(w.end.saturating_sub(w.start)))
+                    .collect();
+                // A drain "reaches" the target when its work function runs there.
+                acc.target_drains += runs.len() as u64;
+                if let Some(last) = acc.by_round.last_mut() {
+                    last.target_drains = runs.len() as u64;
+                }
+                acc.work_us.extend(runs);
+            }
+            let drains = outcome.requester.as_ref().map_or(0, |r| r.drains);
+            let work = acc
+                .attribution
+                .kernel_work
+                .get_or_insert_with(|| KernelWork {
+                    function: function.to_string(),
+                    ..KernelWork::default()
+                });
+            work.drains += drains;
+            work.runs = acc.work_us.len() as u64;
+            work.runs_per_drain = (work.drains > 0).then(|| work.runs as f64 / work.drains as f64);
+            let mut d = acc.work_us.clone();
+            d.sort_by(f64::total_cmp);
+            if !d.is_empty() {
+                let at = |q: f64| d[((d.len() - 1) as f64 * q).round() as usize];
+                (work.p50_us, work.p99_us, work.max_us) = (at(0.5), at(0.99), at(1.0));
+            }
+        }
     }
 
     /// The interruption threshold, from the idle baseline measured so far.
@@ -602,6 +823,91 @@ impl Ctx {
         self.notes.extend(lines);
     }
 
+    /// Each traced scenario's attribution.
+    fn attributions(&self) -> Vec<ScenarioAttribution> {
+        self.scenarios
+            .iter()
+            .filter(|a| a.rounds > 0 && !a.attribution.by_bucket.is_empty())
+            .map(|a| a.attribution.clone())
+            .collect()
+    }
+
+    /// Prints, under the table, what the target's interruptions were in each scenario and the
+    /// kernel's work per kernel drain.
+    fn print_attribution(&self) {
+        let rows = self.attributions();
+        if rows.is_empty() {
+            return;
+        }
+        println!(
+            "\nWhat interrupted the target (cpu {}; trace of the measured CPU, gaps at or above \
+             the threshold):",
+            self.target
+        );
+        println!(
+            "{:<16} {:>8} {:>8} {:>8} {:>12} {:>6}   top source",
+            "scenario", "qpw", "kernel", "other", "unexplained", "lost"
+        );
+        for r in &rows {
+            let get = |k: &str| r.by_bucket.get(k).copied().unwrap_or(0);
+            println!(
+                "{:<16} {:>8} {:>8} {:>8} {:>12} {:>6}   {}",
+                r.scenario,
+                get("qpw"),
+                get("kernel"),
+                get("other"),
+                get("unexplained"),
+                get("lost"),
+                r.top
+                    .first()
+                    .map_or("-".to_string(), |t| format!("{} ({})", t.source, t.count))
+            );
+        }
+        let kernel: Vec<_> = rows.iter().filter(|r| r.kernel_work.is_some()).collect();
+        if !kernel.is_empty() {
+            println!(
+                "(kworker gaps/d: the target's interruptions attributed to a kworker, per drain; \
+                 the filler that fills the target's caches before each drain is `other`)"
+            );
+            println!(
+                "\nThe kernel's own drains ({}; mode {}): runs of the work function on cpu {}",
+                self.kernel.release, self.kernel.mode, self.target
+            );
+            println!(
+                "{:<16} {:<26} {:>7} {:>7} {:>10} {:>8} {:>8} {:>8} {:>14}",
+                "workload",
+                "work function",
+                "drains",
+                "runs",
+                "per drain",
+                "p50 us",
+                "p99 us",
+                "max us",
+                "kworker gaps/d"
+            );
+            for r in kernel {
+                let Some(w) = &r.kernel_work else { continue };
+                let kworker_gaps = r.by_bucket.get("kernel").copied().unwrap_or(0);
+                println!(
+                    "{:<16} {:<26} {:>7} {:>7} {:>10} {:>8.1} {:>8.1} {:>8.1} {:>14}",
+                    r.scenario,
+                    w.function,
+                    w.drains,
+                    w.runs,
+                    w.runs_per_drain.map_or("-".into(), |v| format!("{v:.2}")),
+                    w.p50_us,
+                    w.p99_us,
+                    w.max_us,
+                    if w.drains > 0 {
+                        format!("{:.2}", kworker_gaps as f64 / w.drains as f64)
+                    } else {
+                        "-".into()
+                    }
+                );
+            }
+        }
+    }
+
     fn write_summary(&self) -> Result<()> {
         let threshold = self.threshold();
         let summary = Summary {
@@ -624,6 +930,8 @@ impl Ctx {
             files: self.files.clone(),
             notes: self.notes.clone(),
             warnings: self.warnings.list().to_vec(),
+            kernel: self.kernel.clone(),
+            attribution: self.attributions(),
         };
         json::write(&self.out.join("summary.json"), &summary)
     }

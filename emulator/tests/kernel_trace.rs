@@ -364,3 +364,54 @@ fn without_root_kernel_workloads_and_tracing_are_refused_clearly() {
         assert!(stderr.contains(needle), "{args:?}: `{needle}` in {stderr}");
     }
 }
+
+#[test]
+fn the_default_run_attributes_each_scenario_and_has_kernel_rows() {
+    let test = "the_default_run_attributes_each_scenario";
+    if !can_trace(test) || !two_cpus(test) {
+        return;
+    }
+    let _one_at_a_time = live();
+    let dir = tempfile::tempdir().unwrap();
+    let out = emu()
+        .args([
+            "run",
+            "-D",
+            "1500ms",
+            "--rounds",
+            "1",
+            "-q",
+            "--workloads",
+            "lru,kernel-vmstat",
+            "--out",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("What interrupted the target"), "{stdout}");
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("summary.json")).unwrap())
+            .unwrap();
+    let rows = summary["attribution"].as_array().expect("attribution rows");
+    let row = |name: &str| {
+        rows.iter()
+            .find(|r| r["scenario"] == name)
+            .unwrap_or_else(|| panic!("no {name} row in {rows:?}"))
+    };
+    assert!(row("queue-lru")["by_bucket"]["qpw"].as_u64().unwrap_or(0) > 0);
+    assert_eq!(row("remote-lru")["by_bucket"]["qpw"].as_u64(), None);
+    let work = &row("kernel-vmstat")["kernel_work"];
+    assert_eq!(work["function"], "refresh_vm_stats");
+    let per = work["runs_per_drain"].as_f64().unwrap();
+    assert!(
+        (0.9..=1.1).contains(&per),
+        "refresh_vm_stats runs per drain: {per}"
+    );
+    assert!(summary["kernel"]["mode"].as_str().is_some());
+}

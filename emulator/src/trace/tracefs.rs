@@ -290,6 +290,23 @@ impl Drop for Instance {
     }
 }
 
+/// Whether tracefs is mounted or can be (the kernel has it).
+pub fn available() -> Result<()> {
+    let mounted = fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(2) == Some("tracefs"));
+    let known = fs::read_to_string("/proc/filesystems")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.trim_end().ends_with("tracefs"));
+    if mounted || known {
+        Ok(())
+    } else {
+        bail!("this kernel has no tracefs (CONFIG_FTRACE): nothing can be traced")
+    }
+}
+
 /// Tracing needs root: say so before anything starts.
 pub fn preflight() -> Result<()> {
     // SAFETY: `geteuid` has no preconditions.
