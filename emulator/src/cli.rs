@@ -301,6 +301,10 @@ pub struct CyclictestArgs {
     /// Write the results as JSON to this file (- for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Attribute every wake-up at least this many microseconds late (default 5 when given
+    /// without a value) to what ran on the CPU then, from a private tracefs instance (root).
+    #[arg(long, value_name = "US", num_args = 0..=1, default_missing_value = "5")]
+    pub trace: Option<String>,
     /// Print help (-h is the histogram, as in cyclictest).
     #[arg(long, action = ArgAction::Help)]
     pub help: Option<bool>,

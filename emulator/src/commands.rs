@@ -604,6 +604,17 @@ fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     let breaktrace =
         validate::opt_int_in("--breaktrace", args.breaktrace.as_deref(), 1, 10_000_000)?;
     let spec = resolve_drain(&args.drain, &cpus, &affinity, false)?;
+    let trace_us = args
+        .trace
+        .as_deref()
+        .map(crate::trace_cmd::threshold_us)
+        .transpose()?;
+    if trace_us.is_some() {
+        crate::trace::tracefs::preflight()?;
+    }
+    if let Some(path) = &args.json {
+        json::check_writable(path)?;
+    }
     let quiet = args.quiet;
     let start_time = rt::rt_timestamp();
     let mut warnings = Warnings::default();
@@ -620,6 +631,10 @@ fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     let thread_cpus: Vec<usize> = (0..nthreads)
         .map(|i| affinity.as_slice()[i % affinity.len()])
         .collect();
+    let calibration = trace_us.map(|_| Calibration::measure());
+    let tracing = trace_us
+        .map(|_| crate::trace_cmd::start_for_probe(&affinity, &cpus, quiet))
+        .transpose()?;
     let load = ProbeLoad::start(spec.as_ref())?;
     let cfg = CyclicConfig {
         thread_cpus,
@@ -631,9 +646,35 @@ fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         local_op: load.local_op(),
         quiet,
         label: "cyclictest".to_string(),
+        late_log: trace_us
+            .zip(calibration)
+            .map(|(us, cal)| ((us * 1000.0) as u64, cal)),
     };
     let run = cyclictest::run(&cfg, &load.phase);
     let (run, load) = load.finish(run, |r| &r.warnings, affinity.first(), &mut warnings, quiet)?;
+    let traced = match (tracing, trace_us, calibration) {
+        (Some(session), Some(us), Some(cal)) => {
+            let probes: Vec<_> = run
+                .threads
+                .iter()
+                .map(|t| crate::trace_cmd::ProbeGaps {
+                    cpu: t.cpu,
+                    tid: t.tid,
+                    gaps: &t.late,
+                    not_kept: t.late_not_kept,
+                })
+                .collect();
+            Some(crate::trace_cmd::attribute(
+                session,
+                &probes,
+                cal,
+                us,
+                &mut warnings,
+                quiet,
+            )?)
+        }
+        _ => None,
+    };
     let mut stopped_by = None;
     if let Some((thread, us)) = run.break_hit {
         let line = format!("# Break thread: {thread}\n# Break value: {us}\n");
@@ -651,6 +692,14 @@ fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     }
     print_cyclictest(&run, &cfg, hist.is_some(), interval);
     load.print();
+    if let Some(t) = &traced {
+        let drains = load
+            .outcome
+            .as_ref()
+            .and_then(|o| o.requester.as_ref())
+            .map(|r| r.drains);
+        crate::trace_cmd::print_attribution(t, 12, drains);
+    }
     if let Some(path) = &args.json {
         let settings = Settings {
             bucket_width_ns: 1000,
@@ -660,7 +709,7 @@ fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
             local_op_every_us: spec.as_ref().map(|s| s.local_op_every.as_micros() as u64),
             interval_us: Some(interval),
         };
-        let fields = qpw_fields(
+        let mut fields = qpw_fields(
             "cyclictest",
             spec.as_ref(),
             &load,
@@ -669,6 +718,7 @@ fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
             &warnings,
             stopped_by,
         );
+        fields.trace = traced;
         json::write(path, &cyclictest_json(&run, start_time, fields))?;
     }
     Ok(())

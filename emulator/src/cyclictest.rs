@@ -48,6 +48,9 @@ pub struct CyclicConfig {
     pub quiet: bool,
     /// The progress label.
     pub label: String,
+    /// Keep the counter readings of every wake-up at least this late (nanoseconds), for
+    /// matching with a trace (`--trace`), with the counter's calibration; `None`: keep none.
+    pub late_log: Option<(u64, crate::clock::Calibration)>,
 }
 
 /// One thread's result.
@@ -71,6 +74,13 @@ pub struct CyclicThread {
     pub local_ops: u64,
     /// Local operations that failed.
     pub local_op_errors: u64,
+    /// The thread's id (its pid in traces).
+    pub tid: i32,
+    /// With [`CyclicConfig::late_log`]: each late wake-up as counter readings (deadline,
+    /// wake-up).
+    pub late: Vec<(u64, u64)>,
+    /// Late wake-ups past the log's capacity, counted but not kept.
+    pub late_not_kept: u64,
 }
 
 /// A whole run.
@@ -169,7 +179,16 @@ fn thread_main(
         overruns: 0,
         local_ops: 0,
         local_op_errors: 0,
+        // SAFETY: `gettid` has no preconditions.
+        tid: unsafe { libc::gettid() },
+        late: Vec::new(),
+        late_not_kept: 0,
     };
+    if cfg.late_log.is_some() {
+        t.late
+            .try_reserve_exact(crate::oslat::GAP_LOG_CAPACITY)
+            .map_err(|e| anyhow::anyhow!("cannot set aside the late wake-up log: {e}"))?;
+    }
     let interval = cfg.interval.as_nanos() as u64;
     let op_every = cfg.local_op.as_ref().map(|op| {
         let per = op.every.as_nanos() as u64 / interval.max(1);
@@ -192,6 +211,17 @@ fn thread_main(
         t.max_us = t.max_us.max(lat_us);
         // Whole microseconds, as cyclictest buckets them.
         t.hist.record(lat_us * 1000);
+        if let Some((from_ns, cal)) = cfg.late_log {
+            if lat_ns >= from_ns {
+                let woke = crate::clock::ticks();
+                if t.late.len() < crate::oslat::GAP_LOG_CAPACITY {
+                    t.late
+                        .push((woke.saturating_sub(cal.from_ns(lat_ns)), woke));
+                } else {
+                    t.late_not_kept += 1;
+                }
+            }
+        }
         if cfg.breaktrace_us.is_some_and(|b| lat_us > b) {
             let mut hit = ctl.break_hit.lock().unwrap_or_else(|e| e.into_inner());
             hit.get_or_insert((index, lat_us));

@@ -48,25 +48,39 @@ pub fn start_for_probe(measured: &CpuSet, cpus: &Cpus, quiet: bool) -> Result<Se
     Ok(session)
 }
 
+/// One probe thread's long gaps (or late wake-ups), as counter readings.
+#[derive(Debug)]
+pub struct ProbeGaps<'a> {
+    /// Its CPU.
+    pub cpu: usize,
+    /// Its thread id.
+    pub tid: i32,
+    /// (before, after) readings.
+    pub gaps: &'a [(u64, u64)],
+    /// Gaps it could not keep.
+    pub not_kept: u64,
+}
+
 /// Ends the trace and matches each probe thread's long gaps.
-pub fn attribute_oslat(
+pub fn attribute(
     session: Session,
-    run: &OslatRun,
+    probes: &[ProbeGaps<'_>],
+    cal: Calibration,
     threshold_us: f64,
     warnings: &mut Warnings,
     quiet: bool,
 ) -> Result<TraceFields> {
     let traced = session.finish()?;
-    let conv = ticks_to_us(&traced.clock, run.calibration);
-    let attribution: Vec<_> = run
-        .threads
+    let conv = ticks_to_us(&traced.clock, cal);
+    let attribution: Vec<_> = probes
         .iter()
-        .map(|t| traced.attribute_gaps(t.cpu, t.tid, &t.gaps, t.gaps_not_kept, threshold_us, &conv))
+        .map(|p| traced.attribute_gaps(p.cpu, p.tid, p.gaps, p.not_kept, threshold_us, &conv))
         .collect();
-    let work = run
-        .threads
-        .iter()
-        .flat_map(|t| traced.work_on(t.cpu, &conv))
+    let mut cpus: Vec<usize> = probes.iter().map(|p| p.cpu).collect();
+    cpus.dedup();
+    let work = cpus
+        .into_iter()
+        .flat_map(|c| traced.work_on(c, &conv))
         .collect();
     let health = traced.health();
     note_health(&health, warnings, quiet);
@@ -76,6 +90,34 @@ pub fn attribute_oslat(
         attribution,
         work,
     })
+}
+
+/// [`attribute`] for an oslat run.
+pub fn attribute_oslat(
+    session: Session,
+    run: &OslatRun,
+    threshold_us: f64,
+    warnings: &mut Warnings,
+    quiet: bool,
+) -> Result<TraceFields> {
+    let probes: Vec<ProbeGaps<'_>> = run
+        .threads
+        .iter()
+        .map(|t| ProbeGaps {
+            cpu: t.cpu,
+            tid: t.tid,
+            gaps: &t.gaps,
+            not_kept: t.gaps_not_kept,
+        })
+        .collect();
+    attribute(
+        session,
+        &probes,
+        run.calibration,
+        threshold_us,
+        warnings,
+        quiet,
+    )
 }
 
 /// Prints the attribution of each traced CPU, `top` sources each, and the trace's health.
