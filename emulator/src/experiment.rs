@@ -64,9 +64,11 @@ struct Summary {
     /// The command line.
     #[serde(rename = "cmdline:")]
     cmdline: String,
-    /// Our version.
+    /// The rt-tests format version (`2.40`), as in the scenario files.
     #[serde(rename = "rt_test_version:")]
     rt_test_version: String,
+    /// Our version.
+    qpw_emu_version: String,
     /// When the experiment started.
     start_time: String,
     /// When this summary was written (after the last scenario so far).
@@ -99,6 +101,9 @@ struct Summary {
     notes: Vec<String>,
     /// Setup steps that failed.
     warnings: Vec<String>,
+    /// Whether Ctrl-C ended the run before every round of every scenario ran (the notes say
+    /// which scenarios were cut short or left out).
+    interrupted: bool,
 }
 
 /// Runs the experiment.
@@ -157,7 +162,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 .to_string(),
         );
     }
-    rt::catch_sigint();
+    rt::catch_sigint(&mut warnings, quiet);
     let calibration = Calibration::measure();
     let rounds = validate::int_in("--rounds", &args.rounds, 1, 100)? as u32;
     let n_scen = 1 + 2 * workloads.len();
@@ -200,6 +205,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         files: Vec::new(),
         notes,
         warnings,
+        interrupted: false,
     };
 
     // Every round runs every scenario once, so that slow drifts in the machine's noise fall on
@@ -207,6 +213,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     'rounds: for round in 0..rounds {
         for i in 0..ctx.scenarios.len() {
             if rt::interrupted() {
+                ctx.note_interruption(round, i);
                 break 'rounds;
             }
             ctx.run_round(i, round)?;
@@ -261,6 +268,8 @@ struct Acc {
     rounds: u32,
     /// The target's figures of each round, in order.
     by_round: Vec<RoundPart>,
+    /// Whether Ctrl-C cut one of its rounds short.
+    cut_short: bool,
 }
 
 impl Acc {
@@ -281,6 +290,7 @@ impl Acc {
             qpw_desc: String::new(),
             rounds: 0,
             by_round: Vec::new(),
+            cut_short: false,
         }
     }
 }
@@ -305,6 +315,8 @@ struct Ctx {
     files: Vec<String>,
     notes: Vec<String>,
     warnings: Warnings,
+    /// Whether Ctrl-C ended the run early.
+    interrupted: bool,
 }
 
 impl Ctx {
@@ -328,6 +340,10 @@ impl Ctx {
             cpus: target_set,
             duration: self.chunk,
             warmup: Duration::from_millis(100),
+            single_preheat: false,
+            bias: false,
+            memmove_bytes: None,
+            main_cpus: None,
             bucket_size: GAP_BUCKETS,
             bucket_width_ns: GAP_WIDTH_NS,
             rtprio: self.rtprio,
@@ -378,6 +394,7 @@ impl Ctx {
         });
         acc.qpw_desc = qpw_desc;
         acc.rounds += 1;
+        acc.cut_short |= run.interrupted;
         self.done += 1;
         Ok(())
     }
@@ -480,7 +497,8 @@ impl Ctx {
             interruptions,
             requester: acc.requester.as_ref().map(|r| r.0.clone()),
             load: Some(acc.load.clone()),
-            stopped_by: None,
+            stopped_by: acc.cut_short.then(|| "interrupted (SIGINT)".to_string()),
+            interrupted: acc.cut_short,
             warnings: self.warnings.list().to_vec(),
         };
         let run = OslatRun {
@@ -495,10 +513,51 @@ impl Ctx {
             }],
             calibration: self.calibration,
             threshold_hit: None,
+            bias_ns: None,
             interrupted: false,
             warnings: Vec::new(),
         };
         oslat_json(&run, self.start_time.clone(), fields)
+    }
+
+    /// Says in the notes what Ctrl-C left out: it came before scenario `next` of round
+    /// `round` (0-based) ran.
+    fn note_interruption(&mut self, round: u32, next: usize) {
+        self.interrupted = true;
+        let cut: Vec<&str> = self
+            .scenarios
+            .iter()
+            .filter(|a| a.cut_short)
+            .map(|a| a.name.as_str())
+            .collect();
+        let skipped: Vec<&str> = self.scenarios[next..]
+            .iter()
+            .filter(|a| a.rounds > 0)
+            .map(|a| a.name.as_str())
+            .collect();
+        let never: Vec<&str> = self
+            .scenarios
+            .iter()
+            .filter(|a| a.rounds == 0)
+            .map(|a| a.name.as_str())
+            .collect();
+        let list = |v: &[&str]| {
+            if v.is_empty() {
+                "none".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        self.notes.push(format!(
+            "INTERRUPTED (Ctrl-C) in round {} of {}: cut short: {} (marked !); one round fewer \
+             than the rest: {}; not run at all (no row): {}. Compare the modes only where both \
+             ran the same rounds.",
+            round + 1,
+            self.rounds,
+            list(&cut),
+            list(&skipped),
+            list(&never)
+        ));
     }
 
     fn rows(&self) -> Vec<Row> {
@@ -601,7 +660,8 @@ impl Ctx {
         let summary = Summary {
             file_version: 1,
             cmdline: json::cmdline(),
-            rt_test_version: json::VERSION.to_string(),
+            rt_test_version: json::RT_TESTS_VERSION.to_string(),
+            qpw_emu_version: json::VERSION.to_string(),
             start_time: self.start_time.clone(),
             end_time: rt::rt_timestamp(),
             return_code: 0,
@@ -618,6 +678,7 @@ impl Ctx {
             files: self.files.clone(),
             notes: self.notes.clone(),
             warnings: self.warnings.list().to_vec(),
+            interrupted: self.interrupted || self.scenarios.iter().any(|a| a.cut_short),
         };
         json::write(&self.out.join("summary.json"), &summary)
     }

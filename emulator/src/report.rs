@@ -66,6 +66,9 @@ pub struct Row {
     pub drain_max: Option<f64>,
     /// Drains that stalled.
     pub stalls: Option<u64>,
+    /// Whether Ctrl-C cut the run short.
+    #[serde(default)]
+    pub interrupted: bool,
 }
 
 impl Row {
@@ -150,6 +153,7 @@ impl Row {
             drain_p99: r.map(|r| r.time_us.p99),
             drain_max: r.map(|r| r.time_us.max),
             stalls: r.map(|r| r.stalls),
+            interrupted: q.interrupted,
         }
     }
 }
@@ -216,7 +220,12 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
     );
     let _ = writeln!(s, "{}", "-".repeat(133));
     for r in rows {
-        let mark = if r.from_buckets { "*" } else { "" };
+        let mark = match (r.from_buckets, r.interrupted) {
+            (true, true) => "*!",
+            (true, false) => "*",
+            (false, true) => "!",
+            (false, false) => "",
+        };
         let _ = writeln!(
             s,
             "{:<14} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
@@ -241,6 +250,12 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
             s,
             "in op: of the interruptions, those in which the probe was doing its own local \
              operation (waiting for its CPU's lock), not preempted by someone else"
+        );
+    }
+    if rows.iter().any(|r| r.interrupted) {
+        let _ = writeln!(
+            s,
+            "! cut short by Ctrl-C: its figures cover less time than the others'"
         );
     }
     if rows.iter().any(|r| r.from_buckets) {
