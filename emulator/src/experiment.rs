@@ -261,7 +261,7 @@ struct Acc {
     seconds: f64,
     local_ops: u64,
     local_op_errors: u64,
-    requester: Option<(RequesterReport, Histogram)>,
+    requester: Option<(RequesterReport, crate::load::DrainTimes)>,
     load: LoadReport,
     target_drains: u64,
     qpw_desc: String,
