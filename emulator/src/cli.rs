@@ -476,14 +476,10 @@ pub struct ReportArgs {
     #[arg(required = true, value_name = "FILE.json")]
     pub files: Vec<PathBuf>,
     /// For files without their own interruption count: count samples above this many
-    /// microseconds (0.001-10000000).
-    #[arg(
-        long,
-        value_name = "US",
-        default_value = "10",
-        allow_hyphen_values = true
-    )]
-    pub threshold: String,
+    /// microseconds (0.001-10000000; default per tool: 10 x the smallest median among its
+    /// files, at least 1 us).
+    #[arg(long, value_name = "US", allow_hyphen_values = true)]
+    pub threshold: Option<String>,
     /// Where to write the SVG plots (default: the first file's folder).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,

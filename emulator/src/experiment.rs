@@ -695,17 +695,15 @@ impl Ctx {
         }
         for w in workloads {
             let mut series = Vec::new();
+            let gaps = |label: &str, a: &Acc| Series {
+                max_us: Some(a.hist.max_ns() as f64 / 1000.0),
+                ..Series::exact(label, a.hist.nonzero_buckets_us())
+            };
             if let Some(idle) = idle {
-                series.push(Series {
-                    label: "idle".into(),
-                    points: idle.hist.nonzero_buckets_us(),
-                });
+                series.push(gaps("idle", idle));
             }
             for a in done.iter().filter(|a| a.workload == w && a.name != "idle") {
-                series.push(Series {
-                    label: a.mode.name().to_string(),
-                    points: a.hist.nonzero_buckets_us(),
-                });
+                series.push(gaps(a.mode.name(), a));
             }
             let title = format!("cpu {} gaps under {w} drains (oslat probe)", self.target);
             written.push(write_file(
@@ -713,23 +711,23 @@ impl Ctx {
                 &svg::histogram(&title, &series),
             )?);
             written.push(write_file(
-                &self.out.join(format!("gaps-cdf-{w}.svg")),
-                &svg::cdf(&title, &series),
+                &self.out.join(format!("gaps-ccdf-{w}.svg")),
+                &svg::ccdf(&title, &series),
             )?);
         }
         let drains: Vec<Series> = done
             .iter()
             .filter_map(|a| {
                 a.requester.as_ref().map(|(r, _)| Series {
-                    label: a.name.clone(),
-                    points: r.histogram_us.clone(),
+                    max_us: Some(r.time_us.max),
+                    ..Series::exact(a.name.clone(), r.histogram_us.clone())
                 })
             })
             .collect();
         if !drains.is_empty() {
             written.push(write_file(
-                &self.out.join("drain-cdf.svg"),
-                &svg::cdf("requester drain time", &drains),
+                &self.out.join("drain-ccdf.svg"),
+                &svg::ccdf("requester drain time", &drains),
             )?);
             written.push(write_file(
                 &self.out.join("drain-hist.svg"),

@@ -321,11 +321,22 @@ impl Buckets {
         )
     }
 
-    /// The buckets as (edge in us, count), skipping labels that are not numbers.
-    pub fn points(&self) -> Vec<(f64, u64)> {
+    /// The largest bucket key accepted: 1e9 us (a thousand seconds). A key past it, or one
+    /// that is not a finite number, is not a latency but a damaged or crafted file.
+    pub const MAX_KEY_US: f64 = 1e9;
+
+    /// The buckets as (key in us, count), in increasing key order; an error names the first
+    /// key that is not a finite number of microseconds in 0-1e9.
+    pub fn points(&self) -> std::result::Result<Vec<(f64, u64)>, String> {
         self.0
             .iter()
-            .filter_map(|(k, c)| k.parse::<f64>().ok().map(|e| (e, *c)))
+            .map(|(k, c)| match k.trim().parse::<f64>() {
+                Ok(v) if v.is_finite() && (0.0..=Self::MAX_KEY_US).contains(&v) => Ok((v, *c)),
+                _ => Err(format!(
+                    "histogram key `{k}` is not a latency: keys must be finite numbers of \
+                     microseconds in 0-1e9"
+                )),
+            })
             .collect()
     }
 }
