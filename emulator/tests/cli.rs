@@ -146,7 +146,7 @@ fn load_runs_for_its_duration_and_report_reads_results() {
         .success()
         .stdout(predicate::str::contains("p99.9"));
     assert!(dir.path().join("report-oslat-hist.svg").exists());
-    assert!(dir.path().join("report-oslat-cdf.svg").exists());
+    assert!(dir.path().join("report-oslat-ccdf.svg").exists());
 }
 
 /// Runs each case's command line (`qpw-emu` arguments split at spaces), expecting failure with
