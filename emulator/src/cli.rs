@@ -309,8 +309,8 @@ pub struct CyclictestArgs {
     /// SMP testing: one thread per allowed CPU, pinned, all at the same priority.
     #[arg(short = 'S', long)]
     pub smp: bool,
-    /// Record every latency above this many us and list them after the run.
-    #[arg(long, value_name = "TRIGGER", value_parser = int_range(1, u32::MAX as u64))]
+    /// Record every latency above this many us and list them after the run (0: off).
+    #[arg(long, value_name = "TRIGGER", value_parser = int_range(0, u32::MAX as u64))]
     pub spike: Option<u64>,
     /// How many spikes are kept for the list (default 1024).
     #[arg(long = "spike-nodes", value_name = "N", value_parser = int_range(1, 10_000_000))]

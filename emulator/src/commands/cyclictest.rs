@@ -245,6 +245,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         breaktrace,
         spike: args
             .spike
+            .filter(|&t| t > 0)
             .map(|t| (t, args.spike_nodes.unwrap_or(DEFAULT_SPIKE_NODES) as usize)),
         align,
         verbose: args.verbose,
