@@ -247,7 +247,8 @@ fn power_of(v: f64) -> String {
     format!("1e{}", v.log10().round() as i32)
 }
 
-fn legend(svg: &mut Svg, series: &[Series], notes: &[String]) {
+/// The legend, then the notes, each in its series' colour.
+fn legend(svg: &mut Svg, series: &[Series], notes: &[(String, &str)]) {
     let x = W - RIGHT + 14.0;
     let mut y = TOP + 10.0;
     for (i, s) in series.iter().enumerate() {
@@ -256,8 +257,8 @@ fn legend(svg: &mut Svg, series: &[Series], notes: &[String]) {
         y += 18.0;
     }
     y += 8.0;
-    for n in notes {
-        svg.text((x, y), "start", 10, "#444", n);
+    for (n, c) in notes {
+        svg.text((x, y), "start", 10, c, n);
         y += 14.0;
     }
 }
@@ -331,7 +332,10 @@ pub fn ccdf(title: &str, series: &[Series]) -> String {
             let end = frame.px(max.unwrap_or(o.from_us).max(o.from_us), 1.0 / total as f64);
             svg.dashed(start, end, c);
             svg.dot(start, c);
-            notes.push(format!("dashed: {} >= {}", o.count, label_of(o.from_us)));
+            notes.push((
+                format!("dashed: {} samples >= {}", o.count, label_of(o.from_us)),
+                c,
+            ));
         }
         if let Some(m) = max {
             let tip = frame.px(m, 1.0 / total as f64);
@@ -339,7 +343,7 @@ pub fn ccdf(title: &str, series: &[Series]) -> String {
             svg.text((tip.0, tip.1 - 12.0), "middle", 10, c, &label_of_value(m));
         }
     }
-    notes.push("triangle: the largest sample".to_string());
+    notes.push(("triangle: the largest sample".to_string(), "#444"));
     legend(&mut svg, series, &notes);
     svg.finish()
 }
@@ -422,14 +426,17 @@ pub fn histogram(title: &str, series: &[Series]) -> String {
             let to = frame.px(s.max().unwrap_or(o.from_us).max(o.from_us), o.count as f64);
             svg.dashed(from, to, c);
             svg.dot(from, c);
-            notes.push(format!("dashed: {} >= {}", o.count, label_of(o.from_us)));
+            notes.push((
+                format!("dashed: {} samples >= {}", o.count, label_of(o.from_us)),
+                c,
+            ));
         }
         if let Some(m) = s.max() {
             let tip = frame.px(m, base);
             svg.triangle((tip.0, tip.1 - 2.0), c);
         }
     }
-    notes.push("triangle: the largest sample".to_string());
+    notes.push(("triangle: the largest sample".to_string(), "#444"));
     legend(&mut svg, series, &notes);
     svg.finish()
 }
