@@ -390,11 +390,11 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Res
             && live
                 .iter()
                 .all(|l| l.cycles.load(Ordering::Relaxed) >= cfg.loops);
-        if ctl.stop.load(Ordering::SeqCst)
-            || all_done
-            || handles.iter().any(|h| h.is_finished())
-            || watch.tick(&live)
-        {
+        // A thread that ended before its loops were done failed (or panicked): stop all.
+        let failed = handles.iter().zip(&live).any(|(h, l)| {
+            h.is_finished() && (cfg.loops == 0 || l.cycles.load(Ordering::Relaxed) < cfg.loops)
+        });
+        if ctl.stop.load(Ordering::SeqCst) || all_done || failed || watch.tick(&live) {
             break;
         }
         crate::signals::wait_for(Duration::from_millis(10));
