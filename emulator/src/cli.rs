@@ -1,7 +1,14 @@
-//! The command line, as clap parses it. Values stay text here; `commands` validates them with
-//! messages that name the flag and the legal range.
+//! The command line, as clap parses it. Numbers with a fixed range, durations and optional
+//! values are parsed here by value parsers whose errors name the flag, the value and the legal
+//! range; CPU lists and the drain options stay text and are checked by `commands` against the
+//! machine (the allowed CPUs), with messages of the same shape.
+//!
+//! `qpw-emu oslat` and `qpw-emu cyclictest` take every flag of rt-tests 2.4's tools, with the
+//! real tools' defaults; a link to the binary named `oslat` or `cyclictest` runs that command
+//! ([`args_for_invocation`]), so scripts that call the real tools can call ours.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
@@ -26,9 +33,9 @@ pub enum Command {
     /// comparison table, JSON and SVG files in a results folder.
     Run(RunArgs),
     /// The oslat probe: a TSC busy loop counting every gap, on each CPU of -c.
-    Oslat(OslatArgs),
+    Oslat(Box<OslatArgs>),
     /// The cyclictest probe: threads waking on an absolute deadline, measuring how late.
-    Cyclictest(CyclictestArgs),
+    Cyclictest(Box<CyclictestArgs>),
     /// Only the drain load (requester drains plus process-context operations), for running
     /// the real rt-tests tools beside it on the CPU it leaves free.
     Load(LoadArgs),
@@ -91,12 +98,13 @@ pub struct DrainArgs {
     /// lock in the requester). Giving --mode or --workload turns the load on.
     #[arg(long, value_name = "MODE", allow_hyphen_values = true)]
     pub mode: Option<String>,
-    /// Workload: lru, memcg, slub, pcp, or counter (the emulator's built-in minimal one); or
-    /// the running kernel's own drains (root): kernel-lru (compacts memory: lru_add_drain_all),
+    /// Workload: lru, memcg, slub, pcp, or counter (the emulator's built-in minimal one); for
+    /// `oslat` also its own busy-loop workloads, `no` and `memmove` (`-w`, as oslat); or the
+    /// running kernel's own drains (root): kernel-lru (compacts memory: lru_add_drain_all),
     /// kernel-slub (shrinks the maple_node slab: flush_all), kernel-vmstat (stat_refresh:
     /// refresh_vm_stats on every CPU), kernel-memcg (a memory cgroup of its own, created and
     /// removed, emptied: drain_all_stock).
-    #[arg(long, value_name = "NAME", allow_hyphen_values = true)]
+    #[arg(short = 'w', long, value_name = "NAME", allow_hyphen_values = true)]
     pub workload: Option<String>,
     /// Requester drains per second, 0-100000 (0: no drains). Default 1000; for kernel
     /// workloads their own (kernel-lru 2, kernel-slub and kernel-vmstat 50, kernel-memcg 20).
@@ -183,52 +191,28 @@ pub struct RunArgs {
     pub quiet: bool,
 }
 
-/// `qpw-emu oslat`, with oslat's own flags.
+/// `qpw-emu oslat`: every flag of rt-tests 2.4's `oslat --help`, with its defaults (all CPUs,
+/// one second, 32 buckets of 1 us, a one-second pre-heat), plus ours after them.
 #[derive(Debug, Clone, Args)]
+#[command(infer_long_args = true)]
 pub struct OslatArgs {
-    /// CPUs to measure, e.g. 1,3-5 (default: an isolated CPU, else the last allowed one).
-    #[arg(short = 'c', long, value_name = "LIST", allow_hyphen_values = true)]
+    /// Number of buckets, 4-1024 (oslat's range).
+    #[arg(short = 'b', long, value_name = "N", default_value = "32",
+          value_parser = int_range(4, 1024))]
+    pub bucket_size: u64,
+    /// Add a bias to all the buckets: the smallest gap seen during the pre-heat.
+    #[arg(short = 'B', long)]
+    pub bias: bool,
+    /// CPUs to measure, e.g. 1,3,5,7-15, or `all` (default: all allowed CPUs).
+    #[arg(short = 'c', long, value_name = "LIST")]
     pub cpu_list: Option<String>,
-    /// Test duration: 10, 30s, 500ms, 20m, 2h.
-    #[arg(
-        short = 'D',
-        long,
-        value_name = "TIME",
-        default_value = "1",
-        allow_hyphen_values = true
-    )]
-    pub duration: String,
-    /// Number of buckets, 1-4096.
-    #[arg(
-        short = 'b',
-        long,
-        value_name = "N",
-        default_value = "32",
-        allow_hyphen_values = true
-    )]
-    pub bucket_size: String,
-    /// Bucket width in nanoseconds, 1-1000000.
-    #[arg(
-        short = 'W',
-        long,
-        value_name = "NS",
-        default_value = "1000",
-        allow_hyphen_values = true
-    )]
-    pub bucket_width: String,
-    /// SCHED_FIFO priority, 1-99.
-    #[arg(short = 'f', long, value_name = "PRIO", allow_hyphen_values = true)]
-    pub rtprio: Option<String>,
-    /// Stop when a gap reaches this many microseconds (1-10000000); writes an ftrace marker
-    /// when tracing is available.
-    #[arg(short = 'T', long, value_name = "US", allow_hyphen_values = true)]
-    pub trace_threshold: Option<String>,
-    /// Print the summary only.
-    #[arg(short, long)]
-    pub quiet: bool,
-    /// Leave out buckets that are zero on every CPU.
-    #[arg(short = 'z', long)]
-    pub zero_omit: bool,
+    /// The CPU the main thread runs on (default: 0, as oslat).
+    #[arg(short = 'C', long, value_name = "CPU")]
+    pub cpu_main_thread: Option<String>,
+    /// Test duration: 60, 30s, 20m, 2H, 1d (and ours: 500ms). Default 1 s, as oslat.
+    #[arg(short = 'D', long, value_name = "TIME", default_value = "1",
+          value_parser = duration_value)]
+    pub duration: Duration,
     /// Attribute every gap at or above this many microseconds (default 5 when given without
     /// a value) to what ran on the CPU then, from a private tracefs instance (root).
     #[arg(long, value_name = "US", num_args = 0..=1, default_missing_value = "5")]
@@ -236,71 +220,169 @@ pub struct OslatArgs {
     /// Write the results as JSON to this file (- for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// The drain load.
+    /// SCHED_FIFO priority, 1-99.
+    #[arg(short = 'f', long, value_name = "PRIO", value_parser = int_range(1, 99))]
+    pub rtprio: Option<u64>,
+    /// Memory for the memmove workload, per buffer (e.g. 4K, 1M; default 16K).
+    #[arg(short = 'm', long, value_name = "SIZE", value_parser = mem_size)]
+    pub workload_mem: Option<u64>,
+    /// Print the summary only.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Pre-heat on the first CPU only.
+    #[arg(short = 's', long)]
+    pub single_preheat: bool,
+    /// Stop when a gap reaches this many microseconds: oslat's message on stderr, a marker in
+    /// ftrace, exit status 1, no summary and no JSON (as oslat).
+    #[arg(short = 'T', long, value_name = "US", value_parser = int_range(1, 10_000_000))]
+    pub trace_threshold: Option<u64>,
+    /// Print the version and exit.
+    #[arg(short = 'v', long)]
+    pub version: bool,
+    /// Leave out buckets that are zero on every CPU.
+    #[arg(short = 'z', long)]
+    pub zero_omit: bool,
+    /// Bucket width in nanoseconds, 1-1000000 (ours; oslat's buckets are 1 us).
+    #[arg(short = 'W', long, value_name = "NS", default_value = "1000",
+          value_parser = int_range(1, 1_000_000))]
+    pub bucket_width: u64,
+    /// The drain load (ours); `-w/--workload` also takes oslat's own busy-loop workloads.
     #[command(flatten)]
     pub drain: DrainArgs,
 }
 
-/// `qpw-emu cyclictest`, with cyclictest's own flags.
+/// `qpw-emu cyclictest`: every flag of rt-tests 2.4's `cyclictest --help`, with its defaults
+/// (one thread per -t on the allowed CPUs in turn, 1000 us, until Ctrl-C), plus ours after them.
 #[derive(Debug, Clone, Args)]
-#[command(disable_help_flag = true)]
+#[command(disable_help_flag = true, infer_long_args = true)]
 pub struct CyclictestArgs {
-    /// Pin the threads to these CPUs, round robin, e.g. 1 or 0-1 (default: an isolated CPU,
-    /// else the last allowed one).
-    #[arg(short = 'a', long, value_name = "LIST", allow_hyphen_values = true)]
+    /// Pin thread N to the Nth allowed CPU; with a CPU set, to its CPUs in turn (e.g. 1, 0-1,
+    /// all). Without a value: all allowed CPUs.
+    #[arg(short = 'a', long, value_name = "CPUSET", num_args = 0..=1,
+          default_missing_value = "all")]
     pub affinity: Option<String>,
-    /// Number of threads, 1-1024 (default: 1).
-    #[arg(
-        short = 't',
-        long,
-        value_name = "N",
-        default_value = "1",
-        allow_hyphen_values = true
-    )]
-    pub threads: String,
-    /// SCHED_FIFO priority of the threads, 0-99 (0: SCHED_OTHER).
-    #[arg(
-        short = 'p',
-        long,
-        value_name = "PRIO",
-        default_value = "0",
-        allow_hyphen_values = true
-    )]
-    pub priority: String,
-    /// Interval in microseconds, 10-1000000.
-    #[arg(
-        short = 'i',
-        long,
-        value_name = "US",
-        default_value = "1000",
-        allow_hyphen_values = true
-    )]
-    pub interval: String,
-    /// Test duration: 10, 30s, 500ms, 20m, 2h.
-    #[arg(
-        short = 'D',
-        long,
-        value_name = "TIME",
-        default_value = "10",
-        allow_hyphen_values = true
-    )]
-    pub duration: String,
-    /// Print a histogram of this many 1 us buckets, 1-1000000.
-    #[arg(short = 'h', long, value_name = "US", allow_hyphen_values = true)]
-    pub histogram: Option<String>,
-    /// Lock memory (mlockall).
-    #[arg(short = 'm', long)]
-    pub mlockall: bool,
-    /// Stop when a latency exceeds this many microseconds (1-10000000); writes an ftrace
-    /// marker when tracing is available.
-    #[arg(short = 'b', long, value_name = "US", allow_hyphen_values = true)]
-    pub breaktrace: Option<String>,
-    /// Print the summary only.
-    #[arg(short, long)]
-    pub quiet: bool,
+    /// Align the threads' wake-ups: thread N starts N x USEC after a common start.
+    #[arg(short = 'A', long, value_name = "USEC", num_args = 0..=1,
+          value_parser = int_range(0, 1_000_000))]
+    pub aligned: Option<Option<u64>>,
+    /// Stop when a latency exceeds USEC (0: never); prints the thread ids and the break.
+    #[arg(short = 'b', long, value_name = "USEC", value_parser = int_range(0, 100_000_000))]
+    pub breaktrace: Option<u64>,
+    /// Clock: 0 = CLOCK_MONOTONIC (default), 1 = CLOCK_REALTIME.
+    #[arg(short = 'c', long, value_name = "CLOCK", default_value = "0",
+          value_parser = int_range(0, 1))]
+    pub clock: u64,
+    /// Do not hold /dev/cpu_dma_latency (power management stays as the system has it).
+    #[arg(long)]
+    pub default_system: bool,
+    /// Distance of the threads' intervals in us (thread N: interval + N x DIST; default 500;
+    /// 0 with -h).
+    #[arg(short = 'd', long, value_name = "DIST", value_parser = int_range(0, 10_000_000))]
+    pub distance: Option<u64>,
+    /// Test duration: 60, 30s, 20m, 2h, 1d (and ours: 500ms); 0 or none: until Ctrl-C.
+    #[arg(short = 'D', long, value_name = "TIME", value_parser = run_length)]
+    pub duration: Option<RunLength>,
+    /// Create a named pipe at this path and write the threads' statistics to each reader.
+    #[arg(short = 'F', long, value_name = "PATH")]
+    pub fifo: Option<PathBuf>,
+    /// Print a histogram of this many 1 us buckets after the run, 1-1000000 (larger values
+    /// are cut to 1000000, as cyclictest does).
+    #[arg(short = 'h', long, value_name = "US", value_parser = int_range(1, u32::MAX as u64))]
+    pub histogram: Option<u64>,
+    /// As -h, with a summary column over all threads.
+    #[arg(short = 'H', long, value_name = "US", value_parser = int_range(1, u32::MAX as u64))]
+    pub histofall: Option<u64>,
+    /// Write the histogram to this file instead of stdout.
+    #[arg(long, value_name = "PATH")]
+    pub histfile: Option<PathBuf>,
+    /// Base interval of the threads in us, 1-10000000.
+    #[arg(short = 'i', long, value_name = "INTV", default_value = "1000",
+          value_parser = int_range(1, 10_000_000))]
+    pub interval: u64,
     /// Write the results as JSON to this file (- for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Do not hold /dev/cpu_dma_latency, to save battery.
+    #[arg(long)]
+    pub laptop: bool,
+    /// The value held in /dev/cpu_dma_latency, in us (default 0).
+    #[arg(long, value_name = "PM_QOS", value_parser = int_range(0, i32::MAX as u64))]
+    pub latency: Option<u64>,
+    /// Wake-ups per thread, then stop (0: endless).
+    #[arg(short = 'l', long, value_name = "LOOPS", default_value = "0",
+          value_parser = int_range(0, u64::MAX))]
+    pub loops: u64,
+    /// Run the main thread on these CPUs.
+    #[arg(long, value_name = "CPUSET")]
+    pub mainaffinity: Option<String>,
+    /// Lock memory (mlockall).
+    #[arg(short = 'm', long)]
+    pub mlockall: bool,
+    /// Redraw the live lines only when a thread sees a new maximum.
+    #[arg(short = 'M', long = "refresh_on_max")]
+    pub refresh_on_max: bool,
+    /// Latencies in ns instead of us.
+    #[arg(short = 'N', long)]
+    pub nsecs: bool,
+    /// With -v: print one value in RED (the largest of them).
+    #[arg(short = 'o', long, value_name = "RED", value_parser = int_range(1, u32::MAX as u64))]
+    pub oscope: Option<u64>,
+    /// Priority of the highest-priority thread, 0-99 (> 0: SCHED_FIFO unless --policy rr).
+    #[arg(short = 'p', long, value_name = "PRIO", default_value = "0",
+          value_parser = int_range(0, 99))]
+    pub priority: u64,
+    /// Scheduling policy of the threads: other, normal, batch, idle, fifo or rr.
+    #[arg(long, value_name = "NAME")]
+    pub policy: Option<String>,
+    /// Give each thread one priority less than the one before.
+    #[arg(long)]
+    pub priospread: bool,
+    /// Print the summary only.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Sleep for the interval (relative) instead of to an absolute deadline.
+    #[arg(short = 'r', long)]
+    pub relative: bool,
+    /// Check the clock's resolution before the run.
+    #[arg(short = 'R', long)]
+    pub resolution: bool,
+    /// Align the threads' first wake-up to the next full second, plus USEC.
+    #[arg(long, value_name = "USEC", num_args = 0..=1, value_parser = int_range(0, 1_000_000))]
+    pub secaligned: Option<Option<u64>>,
+    /// Sleep with nanosleep() (relative) instead of clock_nanosleep().
+    #[arg(short = 's', long)]
+    pub system: bool,
+    /// SMP testing: one thread per allowed CPU, pinned, all at the same priority.
+    #[arg(short = 'S', long)]
+    pub smp: bool,
+    /// Record every latency above this many us and list them after the run (0: off).
+    #[arg(long, value_name = "TRIGGER", value_parser = int_range(0, u32::MAX as u64))]
+    pub spike: Option<u64>,
+    /// How many spikes are kept for the list (default 1024).
+    #[arg(long = "spike-nodes", value_name = "N", value_parser = int_range(1, 10_000_000))]
+    pub spike_nodes: Option<u64>,
+    /// SMI counting (refused: see the message).
+    #[arg(long)]
+    pub smi: bool,
+    /// Number of threads, 1-4096; without a number, one per allowed CPU (default 1).
+    #[arg(short = 't', long, value_name = "NUM", num_args = 0..=1,
+          value_parser = int_range(1, 4096))]
+    pub threads: Option<Option<u64>>,
+    /// Write a trace mark when the -b latency is exceeded.
+    #[arg(long)]
+    pub tracemark: bool,
+    /// Unbuffered output (ours is written a line at a time already).
+    #[arg(short = 'u', long)]
+    pub unbuffered: bool,
+    /// Print every wake-up's latency as `thread:cycle:value`.
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
+    /// With -R, list the clock readings.
+    #[arg(long = "dbg_cyclictest")]
+    pub dbg_cyclictest: bool,
+    /// Sleep with a POSIX interval timer and sigwait() instead of clock_nanosleep().
+    #[arg(short = 'x', long = "posix_timers")]
+    pub posix_timers: bool,
     /// Attribute every wake-up at least this many microseconds late (default 5 when given
     /// without a value) to what ran on the CPU then, from a private tracefs instance (root).
     #[arg(long, value_name = "US", num_args = 0..=1, default_missing_value = "5")]
@@ -308,9 +390,78 @@ pub struct CyclictestArgs {
     /// Print help (-h is the histogram, as in cyclictest).
     #[arg(long, action = ArgAction::Help)]
     pub help: Option<bool>,
-    /// The drain load.
+    /// The drain load (ours).
     #[command(flatten)]
     pub drain: DrainArgs,
+}
+
+/// A cyclictest run length: a duration, or until Ctrl-C (`-D 0`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunLength {
+    /// Stop after this long.
+    For(Duration),
+    /// Run until Ctrl-C (or -l, -b).
+    UntilStopped,
+}
+
+/// A value parser for an integer in `lo..=hi`, whose error names the legal range.
+pub fn int_range(lo: u64, hi: u64) -> impl Fn(&str) -> Result<u64, String> + Clone {
+    move |raw: &str| match raw.trim().parse::<u64>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+        _ => Err(format!("must be an integer in {lo}-{hi}")),
+    }
+}
+
+/// A value parser for a duration (see [`crate::validate::duration`]).
+pub fn duration_value(raw: &str) -> Result<Duration, String> {
+    crate::validate::parse_duration(raw)
+}
+
+/// A value parser for a cyclictest run length: `0` is "until stopped".
+pub fn run_length(raw: &str) -> Result<RunLength, String> {
+    if raw.trim().parse::<u64>() == Ok(0) {
+        return Ok(RunLength::UntilStopped);
+    }
+    crate::validate::parse_duration(raw).map(RunLength::For)
+}
+
+/// A value parser for a memory size as oslat writes it: `16K`, `1M`, `1G`, or bytes.
+pub fn mem_size(raw: &str) -> Result<u64, String> {
+    let text = raw.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let bad = || "must be a size of 1B-1G, written like 4096, 4K, 1M or 1G".to_string();
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let mult = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" => 1 << 10,
+        "m" => 1 << 20,
+        "g" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    match n.checked_mul(mult) {
+        Some(v) if (1..=1 << 30).contains(&v) => Ok(v),
+        _ => Err(bad()),
+    }
+}
+
+/// The arguments as clap should see them: when the binary is called through a link named
+/// `oslat` or `cyclictest` (a drop-in for the real tool), the command name is put in front.
+pub fn args_for_invocation(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<_> = args.into_iter().collect();
+    let called = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .map(str::to_string);
+    if let Some(tool @ ("oslat" | "cyclictest")) = called.as_deref() {
+        args.insert(1, tool.into());
+    }
+    args
 }
 
 /// `qpw-emu load`.
@@ -375,14 +526,10 @@ pub struct ReportArgs {
     #[arg(required = true, value_name = "FILE.json")]
     pub files: Vec<PathBuf>,
     /// For files without their own interruption count: count samples above this many
-    /// microseconds (0.001-10000000).
-    #[arg(
-        long,
-        value_name = "US",
-        default_value = "10",
-        allow_hyphen_values = true
-    )]
-    pub threshold: String,
+    /// microseconds (0.001-10000000; default per tool: 10 x the smallest median among its
+    /// files, at least 1 us).
+    #[arg(long, value_name = "US", allow_hyphen_values = true)]
+    pub threshold: Option<String>,
     /// Where to write the SVG plots (default: the first file's folder).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,

@@ -28,34 +28,59 @@ pub fn ticks() -> u64 {
 /// `CLOCK_MONOTONIC` in nanoseconds.
 #[inline]
 pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// `clock` (`CLOCK_MONOTONIC` or `CLOCK_REALTIME`) in nanoseconds.
+#[inline]
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    // SAFETY: `ts` is a valid, writable timespec; the callers pass clocks that exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn timespec(ns: u64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    }
 }
 
 /// Sleeps until `deadline_ns` on `CLOCK_MONOTONIC` (`clock_nanosleep(TIMER_ABSTIME)`), resuming
 /// after signals.
 pub fn sleep_until_ns(deadline_ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
-        tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
-    };
+    sleep_until_on(libc::CLOCK_MONOTONIC, deadline_ns);
+}
+
+/// Sleeps until `deadline_ns` on `clock` (`clock_nanosleep(TIMER_ABSTIME)`), resuming after
+/// signals.
+pub fn sleep_until_on(clock: libc::clockid_t, deadline_ns: u64) {
+    let ts = timespec(deadline_ns);
     loop {
         // SAFETY: `ts` is a valid timespec; the remainder pointer may be null with TIMER_ABSTIME.
-        let rc = unsafe {
-            libc::clock_nanosleep(
-                libc::CLOCK_MONOTONIC,
-                libc::TIMER_ABSTIME,
-                &ts,
-                std::ptr::null_mut(),
-            )
-        };
+        let rc =
+            unsafe { libc::clock_nanosleep(clock, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
         if rc != libc::EINTR {
             return;
+        }
+    }
+}
+
+/// Sleeps for `ns` (relative): `clock_nanosleep(clock, 0, ...)`, or `nanosleep()` when
+/// `nanosleep` is set (cyclictest's `-r` and `-s`). A signal cuts the sleep short, as it does
+/// cyclictest's.
+pub fn sleep_for_ns(clock: libc::clockid_t, ns: u64, nanosleep: bool) {
+    let ts = timespec(ns);
+    // SAFETY: `ts` is a valid timespec; the remainder pointers may be null.
+    unsafe {
+        if nanosleep {
+            libc::nanosleep(&ts, std::ptr::null_mut());
+        } else {
+            libc::clock_nanosleep(clock, 0, &ts, std::ptr::null_mut());
         }
     }
 }

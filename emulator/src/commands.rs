@@ -1,4 +1,11 @@
 //! The commands: validate the options, set up, run the probe or the load, print, export.
+//!
+//! `oslat` and `cyclictest` have a module each ([`oslat`], [`cyclictest`]): they follow the
+//! real tools' output line for line. What they share with `load` (the CPUs, the drain load
+//! around a probe, our JSON fields) is here.
+
+mod cyclictest;
+mod oslat;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,16 +13,14 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use qpw_core::{CpuSet, Mode, Topology};
 
-use crate::cli::{Cli, Command, CyclictestArgs, DrainArgs, LoadArgs, OslatArgs};
-use crate::clock::Calibration;
-use crate::cyclictest::{self, CyclicConfig, CyclicRun};
+use crate::cli::{Cli, Command, DrainArgs, LoadArgs};
 use crate::json::{
-    self, Buckets, CyclictestBody, CyclictestThreadJson, Envelope, Indexed, Micros, OslatBody,
-    OslatThreadJson, QpwFields, Settings, ThreadFigures,
+    self, Buckets, Envelope, Indexed, Micros, OslatBody, OslatThreadJson, QpwFields, Settings,
+    ThreadFigures,
 };
 use crate::load::Phase;
-use crate::oslat::{self, OslatConfig, OslatRun};
-use crate::rt::{self, TraceMarker, Warnings};
+use crate::oslat::{self as probe, OslatRun};
+use crate::rt::{self, Warnings};
 use crate::scenario::{self, DrainSpec, Outcome};
 use crate::validate;
 use crate::workload::WorkloadName;
@@ -26,8 +31,8 @@ pub fn dispatch(cli: Cli) -> Result<()> {
     match cli.command {
         None => crate::experiment::run(&crate::experiment::default_args()),
         Some(Command::Run(args)) => crate::experiment::run(&args),
-        Some(Command::Oslat(args)) => oslat_cmd(&args),
-        Some(Command::Cyclictest(args)) => cyclictest_cmd(&args),
+        Some(Command::Oslat(args)) => oslat::oslat_cmd(&args),
+        Some(Command::Cyclictest(args)) => cyclictest::cyclictest_cmd(&args),
         Some(Command::Load(args)) => load_cmd(&args),
         Some(Command::Resctrl(args)) => crate::figures::resctrl_cmd(&args),
         Some(Command::Pool(args)) => crate::figures::pool_cmd(&args),
@@ -35,6 +40,21 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Trace(args)) => crate::trace_cmd::trace_cmd(&args),
         Some(Command::Filler(args)) => crate::kernel::filler_main(args.cpu),
     }
+}
+
+/// An exit with this status and no `Error:` line: the command has said what it had to say
+/// (oslat's `-T` exits 1 after its own message, as oslat does).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("exit status {0}")]
+pub struct Exit(pub i32);
+
+/// Whether the program was called by a real tool's name (`oslat`, `cyclictest`: a link), so
+/// that messages name it as the tool would.
+pub fn called_as_tool(argv0: &str) -> bool {
+    let name = std::path::Path::new(argv0)
+        .file_name()
+        .and_then(|n| n.to_str());
+    matches!(name, Some("oslat" | "cyclictest"))
 }
 
 /// The CPUs a run may use, and the default target and housekeeping picks.
@@ -191,7 +211,8 @@ pub fn oslat_json(run: &OslatRun, start_time: String, qpw: QpwFields) -> Envelop
             cpu: t.cpu,
             freq: run.calibration.mhz(),
             min: oslat_micros(t.hist.min_ns(), t.hist.width_ns()),
-            avg: t.hist.bucket_mean_ns() / 1000.0,
+            // oslat writes "%3lf": six decimals.
+            avg: (t.hist.bucket_mean_ns() / 1000.0 * 1e6).round() / 1e6,
             max: oslat_micros(t.hist.max_ns(), t.hist.width_ns()),
             duration: (t.duration_s * 1000.0).round() / 1000.0,
             histogram: Buckets::oslat(&t.hist),
@@ -207,17 +228,19 @@ pub fn oslat_json(run: &OslatRun, start_time: String, qpw: QpwFields) -> Envelop
     )
 }
 
-/// Our fields for a probe run (`tool`) under an optional drain load.
+/// Our fields for a probe run (`tool`) under an optional drain load; `settings` gets the local
+/// operation's period from `spec`; an `interrupted` run says so (and why it stopped).
 fn qpw_fields(
     tool: &str,
     spec: Option<&DrainSpec>,
     load: &LoadAfter,
     figures: Vec<ThreadFigures>,
-    settings: Settings,
+    mut settings: Settings,
     warnings: &Warnings,
-    stopped_by: Option<String>,
+    interrupted: bool,
 ) -> QpwFields {
     let outcome = load.outcome.as_ref();
+    settings.local_op_every_us = spec.map(|s| s.local_op_every.as_micros() as u64);
     QpwFields {
         tool: tool.to_string(),
         scenario: None,
@@ -229,7 +252,8 @@ fn qpw_fields(
         interruptions: None,
         requester: outcome.and_then(|o| o.requester.clone()),
         load: outcome.map(|o| o.load.clone()),
-        stopped_by,
+        stopped_by: interrupted.then(|| "interrupted (SIGINT)".to_string()),
+        interrupted,
         warnings: warnings.list().to_vec(),
         trace: None,
     }
@@ -266,7 +290,7 @@ impl ProbeLoad {
     }
 
     /// The probe's local operation on the load's workload.
-    fn local_op(&self) -> Option<oslat::LocalOp> {
+    fn local_op(&self) -> Option<probe::LocalOp> {
         self.setup.as_ref().and_then(|s| s.local_op())
     }
 
@@ -296,15 +320,6 @@ impl ProbeLoad {
     }
 }
 
-impl LoadAfter {
-    /// Prints the requester's and the load's lines, when there was a load.
-    fn print(&self) {
-        if let Some(o) = &self.outcome {
-            print_requester(o);
-        }
-    }
-}
-
 /// Folds the scenario's conservation check and load errors into the warnings.
 pub fn note_outcome(outcome: &Outcome, warnings: &mut Warnings, quiet: bool) {
     if let Err(e) = &outcome.conservation {
@@ -315,259 +330,11 @@ pub fn note_outcome(outcome: &Outcome, warnings: &mut Warnings, quiet: bool) {
     }
 }
 
-fn oslat_cmd(args: &OslatArgs) -> Result<()> {
-    let cpus = Cpus::read()?;
-    let measured = cpus.list_or_target("--cpu-list", args.cpu_list.as_deref())?;
-    let duration = validate::duration("--duration", &args.duration)?;
-    let bucket_size = validate::int_in("--bucket-size", &args.bucket_size, 1, 4096)? as usize;
-    let width = validate::int_in("--bucket-width", &args.bucket_width, 1, 1_000_000)?;
-    let rtprio = validate::opt_int_in("--rtprio", args.rtprio.as_deref(), 1, 99)?.map(|p| p as i32);
-    let trace = validate::opt_int_in(
-        "--trace-threshold",
-        args.trace_threshold.as_deref(),
-        1,
-        10_000_000,
-    )?;
-    let spec = resolve_drain(&args.drain, &cpus, &measured, false)?;
-    let trace_us = args
-        .trace
-        .as_deref()
-        .map(crate::trace_cmd::threshold_us)
-        .transpose()?;
-    if trace_us.is_some() {
-        crate::trace::tracefs::preflight()?;
-    }
-    if let Some(path) = &args.json {
-        json::check_writable(path)?;
-    }
-
-    let quiet = args.quiet;
-    let start_time = rt::rt_timestamp();
-    let mut warnings = Warnings::default();
-    let _rt = rt::prepare(true, &mut warnings, quiet);
-    rt::check_isolation(&measured, &mut warnings, quiet);
-    let mut marker = trace.map(|_| TraceMarker::open(&mut warnings, quiet));
-    rt::catch_sigint();
-    let calibration = Calibration::measure();
-    if !quiet {
-        println!("qpw-emu oslat ({})", json::VERSION);
-        println!("CPU list:         {measured}");
-        println!("Duration:         {:.3} s", duration.as_secs_f64());
-        println!(
-            "Thread priority:  {}",
-            rtprio.map_or("default".to_string(), |p| format!("SCHED_FIFO:{p}"))
-        );
-        println!("Counter:          {} MHz", calibration.mhz());
-        match &spec {
-            Some(s) => println!(
-                "Load:             {} mode, workload {}, {} drains/s from cpu {}, load on {}",
-                s.mode, s.workload, s.drain_rate_hz, s.requester_cpu, s.load_cpus
-            ),
-            None => println!("Load:             none"),
-        }
-        println!();
-    }
-
-    if !quiet
-        && (trace_us.is_some() || spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()))
-    {
-        for l in crate::kernel::info::KernelInfo::read().lines() {
-            println!("{l}");
-        }
-    }
-    let tracing = trace_us
-        .map(|_| crate::trace_cmd::start_for_probe(&measured, &cpus, quiet))
-        .transpose()?;
-    let load = ProbeLoad::start(spec.as_ref())?;
-    let cfg = OslatConfig {
-        cpus: measured.clone(),
-        duration,
-        warmup: Duration::from_millis(200),
-        bucket_size,
-        bucket_width_ns: width,
-        rtprio,
-        trace_threshold_ns: trace.map(|us| us * 1000),
-        local_op: load.local_op(),
-        quiet,
-        label: "oslat".to_string(),
-        progress_span: None,
-        gap_log_ns: trace_us.map(|us| (us * 1000.0) as u64),
-    };
-    let run = oslat::run(&cfg, calibration, &load.phase);
-    let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), &mut warnings, quiet)?;
-    let traced = match (tracing, trace_us) {
-        (Some(session), Some(us)) => Some(crate::trace_cmd::attribute_oslat(
-            session,
-            &run,
-            us,
-            &mut warnings,
-            quiet,
-        )?),
-        _ => None,
-    };
-    let mut stopped_by = None;
-    if let Some((cpu, us)) = run.threshold_hit {
-        let line = format!(
-            "qpw-emu oslat: Trace threshold ({} us) triggered on cpu {cpu} with {us:.3} us!\n",
-            trace.unwrap_or(0)
-        );
-        if let Some(m) = &mut marker {
-            m.mark(&line);
-        }
-        print!("{line}");
-        stopped_by = Some(line.trim().to_string());
-    }
-    if run.interrupted {
-        stopped_by = Some("interrupted (SIGINT)".to_string());
-    }
-
-    print_oslat_summary(&run, args.zero_omit);
-    load.print();
-    if let Some(t) = &traced {
-        let drains = load
-            .outcome
-            .as_ref()
-            .and_then(|o| o.requester.as_ref())
-            .map(|r| r.drains);
-        crate::trace_cmd::print_attribution(t, 12, drains);
-    }
-    let settings = Settings {
-        bucket_width_ns: width,
-        bucket_size,
-        duration_s: duration.as_secs_f64(),
-        rtprio,
-        local_op_every_us: spec.as_ref().map(|s| s.local_op_every.as_micros() as u64),
-        interval_us: None,
-    };
-    if let Some(path) = &args.json {
-        let mut fields = qpw_fields(
-            "oslat",
-            spec.as_ref(),
-            &load,
-            run.figures(),
-            settings,
-            &warnings,
-            stopped_by,
-        );
-        fields.trace = traced;
-        json::write(path, &oslat_json(&run, start_time, fields))?;
-    }
-    Ok(())
-}
-
-/// Prints oslat's summary: one column per CPU.
-pub fn print_oslat_summary(run: &OslatRun, zero_omit: bool) {
-    let field = |label: &str, values: Vec<String>, end: &str| {
-        println!("{label:>12}:\t {}{end}", values.join(" "));
-    };
-    let ts = &run.threads;
-    field("Core", ts.iter().map(|t| t.cpu.to_string()).collect(), "");
-    field(
-        "Counter Freq",
-        ts.iter()
-            .map(|_| run.calibration.mhz().to_string())
-            .collect(),
-        " (MHz)",
-    );
-    let Some(first) = ts.first() else { return };
-    let (n, w) = (first.hist.buckets(), first.hist.width_ns());
-    let mut dots = false;
-    for j in 0..n {
-        let count = |t: &oslat::OslatThread| {
-            let c = t.hist.counts()[j];
-            if j == n - 1 {
-                c + t.hist.overflow()
-            } else {
-                c
-            }
-        };
-        if zero_omit && j < n - 1 && ts.iter().all(|t| count(t) == 0) {
-            dots = true;
-            continue;
-        }
-        if dots {
-            println!("    ...");
-            dots = false;
-        }
-        let edge = (j as u64 + 1) * w;
-        let label = if w % 1000 == 0 {
-            format!("{:03} (us)", edge / 1000)
-        } else {
-            format!("{:07.3} (us)", edge as f64 / 1000.0)
-        };
-        field(
-            &label,
-            ts.iter().map(|t| count(t).to_string()).collect(),
-            if j == n - 1 {
-                " (including overflows)"
-            } else {
-                ""
-            },
-        );
-    }
-    let micros = |m: Micros| match m {
-        Micros::Whole(v) => v.to_string(),
-        Micros::Frac(v) => format!("{v:.3}"),
-    };
-    field(
-        "Minimum",
-        ts.iter()
-            .map(|t| micros(oslat_micros(t.hist.min_ns(), w)))
-            .collect(),
-        " (us)",
-    );
-    field(
-        "Average",
-        ts.iter()
-            .map(|t| format!("{:.3}", t.hist.bucket_mean_ns() / 1000.0))
-            .collect(),
-        " (us)",
-    );
-    field(
-        "Maximum",
-        ts.iter()
-            .map(|t| micros(oslat_micros(t.hist.max_ns(), w)))
-            .collect(),
-        " (us)",
-    );
-    field(
-        "Max-Min",
-        ts.iter()
-            .map(|t| {
-                let (a, b) = (
-                    oslat_micros(t.hist.max_ns(), w).value(),
-                    oslat_micros(t.hist.min_ns(), w).value(),
-                );
-                micros(if w % 1000 == 0 {
-                    Micros::Whole((a - b) as u64)
-                } else {
-                    Micros::Frac(a - b)
-                })
-            })
-            .collect(),
-        " (us)",
-    );
-    field(
-        "Duration",
-        ts.iter().map(|t| format!("{:.3}", t.duration_s)).collect(),
-        " (sec)",
-    );
-    // Ours: exact percentiles.
-    for t in ts {
-        let p = t.hist.percentiles_us();
-        println!(
-            "   cpu {:>3}: p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  p99.99 {:.3}  max {:.3} (us); exact avg {:.3} us; {} local ops",
-            t.cpu, p.p50, p.p90, p.p99, p.p99_9, p.p99_99, p.max, t.hist.mean_ns() / 1000.0, t.local_ops
-        );
-    }
-    println!();
-}
-
 /// Prints the requester's line.
 pub fn print_requester(o: &Outcome) {
     if let Some(r) = &o.requester {
         println!(
-            "Requester (cpu {}): {} drains at {}/s: p50 {:.1} p99 {:.1} max {:.1} us (avg {:.1}); \
+            "# qpw-emu requester (cpu {}): {} drains at {}/s: p50 {:.1} p99 {:.1} max {:.1} us (avg {:.1}); \
              {} stalls, {} errors, {} missed slots; CPU drains: {} queued, {} remote, {} skipped",
             r.cpu,
             r.drains,
@@ -584,217 +351,13 @@ pub fn print_requester(o: &Outcome) {
             r.cpus_skipped
         );
         if let Some(e) = &r.first_error {
-            println!("  first drain error: {e}");
+            println!("# qpw-emu   first drain error: {e}");
         }
     }
     println!(
-        "Load: {} process-context ops on cpu(s) {} ({} errors); {} drains reached the measured CPU",
+        "# qpw-emu load: {} process-context ops on cpu(s) {} ({} errors); {} drains reached the measured CPU",
         o.load.ops, o.load.cpus, o.load.errors, o.target_drains
     );
-}
-
-fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
-    let cpus = Cpus::read()?;
-    let affinity = cpus.list_or_target("--affinity", args.affinity.as_deref())?;
-    let nthreads = validate::int_in("--threads", &args.threads, 1, 1024)? as usize;
-    let prio = validate::int_in("--priority", &args.priority, 0, 99)? as i32;
-    let interval = validate::int_in("--interval", &args.interval, 10, 1_000_000)?;
-    let duration = validate::duration("--duration", &args.duration)?;
-    let hist = validate::opt_int_in("--histogram", args.histogram.as_deref(), 1, 1_000_000)?;
-    let breaktrace =
-        validate::opt_int_in("--breaktrace", args.breaktrace.as_deref(), 1, 10_000_000)?;
-    let spec = resolve_drain(&args.drain, &cpus, &affinity, false)?;
-    let trace_us = args
-        .trace
-        .as_deref()
-        .map(crate::trace_cmd::threshold_us)
-        .transpose()?;
-    if trace_us.is_some() {
-        crate::trace::tracefs::preflight()?;
-    }
-    if let Some(path) = &args.json {
-        json::check_writable(path)?;
-    }
-    let quiet = args.quiet;
-    let start_time = rt::rt_timestamp();
-    let mut warnings = Warnings::default();
-    let _rt = rt::prepare(args.mlockall, &mut warnings, quiet);
-    rt::check_isolation(&affinity, &mut warnings, quiet);
-    if prio == 0 {
-        warnings.push(
-            quiet,
-            "threads run SCHED_OTHER (-p 0): wake-up latency includes ordinary scheduling",
-        );
-    }
-    let mut marker = breaktrace.map(|_| TraceMarker::open(&mut warnings, quiet));
-    rt::catch_sigint();
-    let thread_cpus: Vec<usize> = (0..nthreads)
-        .map(|i| affinity.as_slice()[i % affinity.len()])
-        .collect();
-    let calibration = trace_us.map(|_| Calibration::measure());
-    let tracing = trace_us
-        .map(|_| crate::trace_cmd::start_for_probe(&affinity, &cpus, quiet))
-        .transpose()?;
-    let load = ProbeLoad::start(spec.as_ref())?;
-    let cfg = CyclicConfig {
-        thread_cpus,
-        interval: Duration::from_micros(interval),
-        duration,
-        prio: (prio > 0).then_some(prio),
-        hist_buckets: hist.unwrap_or(10_000) as usize,
-        breaktrace_us: breaktrace,
-        local_op: load.local_op(),
-        quiet,
-        label: "cyclictest".to_string(),
-        late_log: trace_us
-            .zip(calibration)
-            .map(|(us, cal)| ((us * 1000.0) as u64, cal)),
-    };
-    let run = cyclictest::run(&cfg, &load.phase);
-    let (run, load) = load.finish(run, |r| &r.warnings, affinity.first(), &mut warnings, quiet)?;
-    let traced = match (tracing, trace_us, calibration) {
-        (Some(session), Some(us), Some(cal)) => {
-            let probes: Vec<_> = run
-                .threads
-                .iter()
-                .map(|t| crate::trace_cmd::ProbeGaps {
-                    cpu: t.cpu,
-                    tid: t.tid,
-                    gaps: &t.late,
-                    not_kept: t.late_not_kept,
-                })
-                .collect();
-            Some(crate::trace_cmd::attribute(
-                session,
-                &probes,
-                cal,
-                us,
-                &mut warnings,
-                quiet,
-            )?)
-        }
-        _ => None,
-    };
-    let mut stopped_by = None;
-    if let Some((thread, us)) = run.break_hit {
-        let line = format!("# Break thread: {thread}\n# Break value: {us}\n");
-        if let Some(m) = &mut marker {
-            m.mark(&format!(
-                "hit latency threshold ({us} > {})\n",
-                breaktrace.unwrap_or(0)
-            ));
-        }
-        print!("{line}");
-        stopped_by = Some(format!("breaktrace: thread {thread} saw {us} us"));
-    }
-    if run.interrupted {
-        stopped_by = Some("interrupted (SIGINT)".to_string());
-    }
-    print_cyclictest(&run, &cfg, hist.is_some(), interval);
-    load.print();
-    if let Some(t) = &traced {
-        let drains = load
-            .outcome
-            .as_ref()
-            .and_then(|o| o.requester.as_ref())
-            .map(|r| r.drains);
-        crate::trace_cmd::print_attribution(t, 12, drains);
-    }
-    if let Some(path) = &args.json {
-        let settings = Settings {
-            bucket_width_ns: 1000,
-            bucket_size: cfg.hist_buckets,
-            duration_s: duration.as_secs_f64(),
-            rtprio: cfg.prio,
-            local_op_every_us: spec.as_ref().map(|s| s.local_op_every.as_micros() as u64),
-            interval_us: Some(interval),
-        };
-        let mut fields = qpw_fields(
-            "cyclictest",
-            spec.as_ref(),
-            &load,
-            run.figures(),
-            settings,
-            &warnings,
-            stopped_by,
-        );
-        fields.trace = traced;
-        json::write(path, &cyclictest_json(&run, start_time, fields))?;
-    }
-    Ok(())
-}
-
-fn cyclictest_json(
-    run: &CyclicRun,
-    start_time: String,
-    qpw: QpwFields,
-) -> Envelope<CyclictestBody> {
-    let threads: Vec<CyclictestThreadJson> = run
-        .threads
-        .iter()
-        .map(|t| CyclictestThreadJson {
-            histogram: Buckets::cyclictest(&t.hist),
-            cycles: t.cycles,
-            min: t.min_us,
-            max: t.max_us,
-            avg: if t.cycles == 0 {
-                0.0
-            } else {
-                t.sum_us as f64 / t.cycles as f64
-            },
-            cpu: t.cpu,
-            node: 0,
-        })
-        .collect();
-    Envelope::succeeded(
-        start_time,
-        CyclictestBody {
-            num_threads: threads.len(),
-            resolution_in_ns: 0,
-            thread: Indexed(threads),
-            qpw,
-        },
-    )
-}
-
-fn print_cyclictest(run: &CyclicRun, cfg: &CyclicConfig, histogram: bool, interval: u64) {
-    if histogram {
-        println!("# Histogram");
-        let n = run.threads.first().map_or(0, |t| t.hist.buckets());
-        for j in 0..n {
-            let counts: Vec<u64> = run.threads.iter().map(|t| t.hist.counts()[j]).collect();
-            if counts.iter().all(|&c| c == 0) {
-                continue;
-            }
-            let cols: Vec<String> = counts.iter().map(|c| format!("{c:06}")).collect();
-            println!("{j:06} {}", cols.join("\t"));
-        }
-        let line = |label: &str, f: &dyn Fn(&cyclictest::CyclicThread) -> String| {
-            let cols: Vec<String> = run.threads.iter().map(f).collect();
-            println!("# {label}: {}", cols.join(" "));
-        };
-        line("Total", &|t| format!("{:09}", t.cycles));
-        line("Min Latencies", &|t| format!("{:05}", t.min_us));
-        line("Avg Latencies", &|t| {
-            format!("{:05}", t.sum_us / t.cycles.max(1))
-        });
-        line("Max Latencies", &|t| format!("{:05}", t.max_us));
-        line("Histogram Overflows", &|t| {
-            format!("{:05}", t.hist.overflow())
-        });
-    }
-    for (i, t) in run.threads.iter().enumerate() {
-        println!(
-            "T:{i:2} (cpu {:>3}) P:{:2} I:{interval} C:{:8} Min:{:7} Avg:{:7} Max:{:7}  overruns {}",
-            t.cpu,
-            cfg.prio.unwrap_or(0),
-            t.cycles,
-            t.min_us,
-            t.sum_us / t.cycles.max(1),
-            t.max_us,
-            t.overruns
-        );
-    }
 }
 
 fn load_cmd(args: &LoadArgs) -> Result<()> {
@@ -818,7 +381,7 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
     let start_time = rt::rt_timestamp();
     let mut warnings = Warnings::default();
     let _rt = rt::prepare(true, &mut warnings, quiet);
-    rt::catch_sigint();
+    rt::catch_sigint(&mut warnings, quiet);
     let setup = scenario::setup(&spec)?;
     if let (false, Some(k)) = (quiet, spec.workload.kernel()) {
         for l in crate::kernel::info::KernelInfo::read().lines() {

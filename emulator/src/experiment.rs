@@ -67,9 +67,11 @@ struct Summary {
     /// The command line.
     #[serde(rename = "cmdline:")]
     cmdline: String,
-    /// Our version.
+    /// The rt-tests format version (`2.40`), as in the scenario files.
     #[serde(rename = "rt_test_version:")]
     rt_test_version: String,
+    /// Our version.
+    qpw_emu_version: String,
     /// When the experiment started.
     start_time: String,
     /// When this summary was written (after the last scenario so far).
@@ -107,6 +109,9 @@ struct Summary {
     /// With tracing: per scenario, what the target's interruptions were (and, for the kernel
     /// workloads, the work items run on the target).
     attribution: Vec<ScenarioAttribution>,
+    /// Whether Ctrl-C ended the run before every round of every scenario ran (the notes say
+    /// which scenarios were cut short or left out).
+    interrupted: bool,
 }
 
 /// What the trace of the target said about one scenario.
@@ -230,7 +235,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 .to_string(),
         );
     }
-    rt::catch_sigint();
+    rt::catch_sigint(&mut warnings, quiet);
     let calibration = Calibration::measure();
     let rounds = validate::int_in("--rounds", &args.rounds, 1, 100)? as u32;
     let n_scen = 1 + workloads
@@ -289,6 +294,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         warnings,
         tracing,
         kernel: KernelInfo::read(),
+        interrupted: false,
     };
 
     // Every round runs every scenario once, so that slow drifts in the machine's noise fall on
@@ -296,6 +302,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     'rounds: for round in 0..rounds {
         for i in 0..ctx.scenarios.len() {
             if rt::interrupted() {
+                ctx.note_interruption(round, i);
                 break 'rounds;
             }
             ctx.run_round(i, round)?;
@@ -344,7 +351,7 @@ struct Acc {
     seconds: f64,
     local_ops: u64,
     local_op_errors: u64,
-    requester: Option<(RequesterReport, Histogram)>,
+    requester: Option<(RequesterReport, crate::load::DrainTimes)>,
     load: LoadReport,
     target_drains: u64,
     qpw_desc: String,
@@ -356,6 +363,8 @@ struct Acc {
     /// With tracing, for a kernel workload: each run of its work function on the target, in
     /// microseconds.
     work_us: Vec<f64>,
+    /// Whether Ctrl-C cut one of its rounds short.
+    cut_short: bool,
 }
 
 impl Acc {
@@ -381,6 +390,7 @@ impl Acc {
                 ..ScenarioAttribution::default()
             },
             work_us: Vec::new(),
+            cut_short: false,
         }
     }
 }
@@ -408,6 +418,8 @@ struct Ctx {
     /// Whether every scenario is traced.
     tracing: bool,
     kernel: KernelInfo,
+    /// Whether Ctrl-C ended the run early.
+    interrupted: bool,
 }
 
 /// Gaps kept for attribution: from 1 us, so that the threshold can be derived afterwards.
@@ -450,6 +462,10 @@ impl Ctx {
             cpus: target_set,
             duration: self.chunk,
             warmup: Duration::from_millis(100),
+            single_preheat: false,
+            bias: false,
+            memmove_bytes: None,
+            main_cpus: None,
             bucket_size: GAP_BUCKETS,
             bucket_width_ns: GAP_WIDTH_NS,
             rtprio: self.rtprio,
@@ -501,6 +517,7 @@ impl Ctx {
         });
         acc.qpw_desc = qpw_desc;
         acc.rounds += 1;
+        acc.cut_short |= run.interrupted;
         self.done += 1;
         if let Some(session) = session {
             let traced = session.finish()?;
@@ -703,7 +720,8 @@ impl Ctx {
             interruptions,
             requester: acc.requester.as_ref().map(|r| r.0.clone()),
             load: Some(acc.load.clone()),
-            stopped_by: None,
+            stopped_by: acc.cut_short.then(|| "interrupted (SIGINT)".to_string()),
+            interrupted: acc.cut_short,
             warnings: self.warnings.list().to_vec(),
             trace: None,
         };
@@ -722,10 +740,51 @@ impl Ctx {
             }],
             calibration: self.calibration,
             threshold_hit: None,
+            bias_ns: None,
             interrupted: false,
             warnings: Vec::new(),
         };
         oslat_json(&run, self.start_time.clone(), fields)
+    }
+
+    /// Says in the notes what Ctrl-C left out: it came before scenario `next` of round
+    /// `round` (0-based) ran.
+    fn note_interruption(&mut self, round: u32, next: usize) {
+        self.interrupted = true;
+        let cut: Vec<&str> = self
+            .scenarios
+            .iter()
+            .filter(|a| a.cut_short)
+            .map(|a| a.name.as_str())
+            .collect();
+        let skipped: Vec<&str> = self.scenarios[next..]
+            .iter()
+            .filter(|a| a.rounds > 0)
+            .map(|a| a.name.as_str())
+            .collect();
+        let never: Vec<&str> = self
+            .scenarios
+            .iter()
+            .filter(|a| a.rounds == 0)
+            .map(|a| a.name.as_str())
+            .collect();
+        let list = |v: &[&str]| {
+            if v.is_empty() {
+                "none".to_string()
+            } else {
+                v.join(", ")
+            }
+        };
+        self.notes.push(format!(
+            "INTERRUPTED (Ctrl-C) in round {} of {}: cut short: {} (marked !); one round fewer \
+             than the rest: {}; not run at all (no row): {}. Compare the modes only where both \
+             ran the same rounds.",
+            round + 1,
+            self.rounds,
+            list(&cut),
+            list(&skipped),
+            list(&never)
+        ));
     }
 
     fn rows(&self) -> Vec<Row> {
@@ -913,7 +972,8 @@ impl Ctx {
         let summary = Summary {
             file_version: 1,
             cmdline: json::cmdline(),
-            rt_test_version: json::VERSION.to_string(),
+            rt_test_version: json::RT_TESTS_VERSION.to_string(),
+            qpw_emu_version: json::VERSION.to_string(),
             start_time: self.start_time.clone(),
             end_time: rt::rt_timestamp(),
             return_code: 0,
@@ -932,6 +992,7 @@ impl Ctx {
             warnings: self.warnings.list().to_vec(),
             kernel: self.kernel.clone(),
             attribution: self.attributions(),
+            interrupted: self.interrupted || self.scenarios.iter().any(|a| a.cut_short),
         };
         json::write(&self.out.join("summary.json"), &summary)
     }
@@ -948,17 +1009,15 @@ impl Ctx {
         }
         for w in workloads {
             let mut series = Vec::new();
+            let gaps = |label: &str, a: &Acc| Series {
+                max_us: Some(a.hist.max_ns() as f64 / 1000.0),
+                ..Series::exact(label, a.hist.nonzero_buckets_us())
+            };
             if let Some(idle) = idle {
-                series.push(Series {
-                    label: "idle".into(),
-                    points: idle.hist.nonzero_buckets_us(),
-                });
+                series.push(gaps("idle", idle));
             }
             for a in done.iter().filter(|a| a.workload == w && a.name != "idle") {
-                series.push(Series {
-                    label: a.mode.name().to_string(),
-                    points: a.hist.nonzero_buckets_us(),
-                });
+                series.push(gaps(a.mode.name(), a));
             }
             let title = format!("cpu {} gaps under {w} drains (oslat probe)", self.target);
             written.push(write_file(
@@ -966,23 +1025,23 @@ impl Ctx {
                 &svg::histogram(&title, &series),
             )?);
             written.push(write_file(
-                &self.out.join(format!("gaps-cdf-{w}.svg")),
-                &svg::cdf(&title, &series),
+                &self.out.join(format!("gaps-ccdf-{w}.svg")),
+                &svg::ccdf(&title, &series),
             )?);
         }
         let drains: Vec<Series> = done
             .iter()
             .filter_map(|a| {
                 a.requester.as_ref().map(|(r, _)| Series {
-                    label: a.name.clone(),
-                    points: r.histogram_us.clone(),
+                    max_us: Some(r.time_us.max),
+                    ..Series::exact(a.name.clone(), r.histogram_us.clone())
                 })
             })
             .collect();
         if !drains.is_empty() {
             written.push(write_file(
-                &self.out.join("drain-cdf.svg"),
-                &svg::cdf("requester drain time", &drains),
+                &self.out.join("drain-ccdf.svg"),
+                &svg::ccdf("requester drain time", &drains),
             )?);
             written.push(write_file(
                 &self.out.join("drain-hist.svg"),

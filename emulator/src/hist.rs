@@ -14,12 +14,20 @@
 //! - min and max.
 //!
 //! A percentile inside the bucket range is reported as the upper edge of its bucket (what
-//! oslat's labels mean: "this many gaps took at most this long").
+//! oslat's labels mean: "this many gaps took at most this long"), except in a histogram of
+//! whole units ([`Histogram::whole_units`], cyclictest's): there every sample is a whole number
+//! of the width, so a bucket holds one value, its lower edge, and that value is exact.
+//!
+//! oslat's `-B` (bias) moves the first bucket: with an origin, bucket `i` holds
+//! `origin + i * width` up to `origin + (i + 1) * width`, and samples below the origin count in
+//! the first bucket, as oslat counts them.
 
 /// A latency histogram in nanoseconds.
 #[derive(Debug, Clone)]
 pub struct Histogram {
     width_ns: u64,
+    origin_ns: u64,
+    whole_units: bool,
     counts: Vec<u64>,
     count: u64,
     sum_ns: u128,
@@ -47,6 +55,17 @@ pub struct Percentiles {
     pub max: f64,
 }
 
+impl std::fmt::Display for Percentiles {
+    /// `p50 1.000 p90 ... max 12.000 us`, as our extra lines print them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "p50 {:.3} p90 {:.3} p99 {:.3} p99.9 {:.3} p99.99 {:.3} max {:.3} us",
+            self.p50, self.p90, self.p99, self.p99_9, self.p99_99, self.max
+        )
+    }
+}
+
 impl Histogram {
     /// How many overflowed samples are kept for exact tail percentiles.
     pub const OVERFLOW_KEEP: usize = 1 << 16;
@@ -56,6 +75,8 @@ impl Histogram {
         let buckets = buckets.max(1);
         Self {
             width_ns: width_ns.max(1),
+            origin_ns: 0,
+            whole_units: false,
             counts: vec![0; buckets],
             count: 0,
             sum_ns: 0,
@@ -67,6 +88,21 @@ impl Histogram {
         }
     }
 
+    /// A histogram of samples that are whole multiples of `unit_ns` (cyclictest's latencies,
+    /// whole microseconds or nanoseconds): bucket `i` holds the value `i * unit_ns` exactly.
+    pub fn whole_units(buckets: usize, unit_ns: u64) -> Self {
+        Self {
+            whole_units: true,
+            ..Self::new(buckets, unit_ns)
+        }
+    }
+
+    /// The same histogram with its first bucket starting at `origin_ns` (oslat's bias).
+    pub fn with_origin(mut self, origin_ns: u64) -> Self {
+        self.origin_ns = origin_ns;
+        self
+    }
+
     /// Counts one sample. Never allocates.
     #[inline]
     pub fn record(&mut self, ns: u64) {
@@ -74,7 +110,7 @@ impl Histogram {
         self.sum_ns += u128::from(ns);
         self.min_ns = self.min_ns.min(ns);
         self.max_ns = self.max_ns.max(ns);
-        let idx = ns / self.width_ns;
+        let idx = ns.saturating_sub(self.origin_ns) / self.width_ns;
         match self.counts.get_mut(idx as usize) {
             Some(slot) => *slot += 1,
             None => self.record_overflow(ns),
@@ -94,10 +130,13 @@ impl Histogram {
     /// Forgets every sample (after a warm-up), keeping the shape.
     pub fn clear(&mut self) {
         let (buckets, width) = (self.counts.len(), self.width_ns);
+        let (origin, whole) = (self.origin_ns, self.whole_units);
         let mut values = std::mem::take(&mut self.overflow_values);
         values.clear();
         *self = Self::new(buckets, width);
         self.overflow_values = values;
+        self.origin_ns = origin;
+        self.whole_units = whole;
     }
 
     /// Adds another histogram of the same shape.
@@ -120,6 +159,22 @@ impl Histogram {
     /// The bucket width in nanoseconds.
     pub fn width_ns(&self) -> u64 {
         self.width_ns
+    }
+
+    /// Where the first bucket starts, in nanoseconds (0 but with oslat's bias).
+    pub fn origin_ns(&self) -> u64 {
+        self.origin_ns
+    }
+
+    /// The value a bucket stands for: its lower edge in a histogram of whole units, else its
+    /// upper edge.
+    fn bucket_value_ns(&self, i: usize) -> u64 {
+        let lower = self.origin_ns + i as u64 * self.width_ns;
+        if self.whole_units {
+            lower
+        } else {
+            lower + self.width_ns
+        }
     }
 
     /// The number of buckets (not counting the overflow).
@@ -180,7 +235,7 @@ impl Histogram {
             .counts
             .iter()
             .enumerate()
-            .map(|(i, &c)| c as f64 * ((i as u64 + 1) * self.width_ns) as f64)
+            .map(|(i, &c)| c as f64 * self.bucket_value_ns(i) as f64)
             .sum();
         (in_range + self.overflow_sum_ns as f64) / self.count as f64
     }
@@ -188,7 +243,7 @@ impl Histogram {
     /// Samples of at least `ns` (`ns` rounded down to a bucket edge when it falls inside the
     /// range; exact past it as long as every overflowed sample was kept).
     pub fn count_at_least(&self, ns: u64) -> u64 {
-        let first = (ns / self.width_ns) as usize;
+        let first = (ns.saturating_sub(self.origin_ns) / self.width_ns) as usize;
         let in_range: u64 = self.counts.iter().skip(first).sum();
         let past = if first >= self.counts.len() && self.overflow_kept_all() {
             self.overflow_values.iter().filter(|&&v| v >= ns).count() as u64
@@ -208,16 +263,16 @@ impl Histogram {
         &self.overflow_values
     }
 
-    /// The non-zero buckets keyed by upper edge in microseconds; past the range, the
-    /// overflowed samples grouped by microsecond (rounded up), and any not kept at the max.
+    /// The non-zero buckets keyed by the value they stand for in microseconds (upper edge, or
+    /// the exact value in a histogram of whole units); past the range, the overflowed samples
+    /// grouped by microsecond (rounded up), and any not kept at the max.
     pub fn nonzero_buckets_us(&self) -> Vec<(f64, u64)> {
-        let w = self.width_ns;
         let mut out: Vec<(f64, u64)> = self
             .counts
             .iter()
             .enumerate()
             .filter(|(_, &c)| c > 0)
-            .map(|(i, &c)| (((i as u64 + 1) * w) as f64 / 1000.0, c))
+            .map(|(i, &c)| (self.bucket_value_ns(i) as f64 / 1000.0, c))
             .collect();
         let mut tail = std::collections::BTreeMap::<u64, u64>::new();
         for ns in &self.overflow_values {
@@ -231,8 +286,9 @@ impl Histogram {
         out
     }
 
-    /// The `q`-quantile (0 < q <= 1) in nanoseconds: the upper edge of the bucket that holds
-    /// it, or the exact sample when it lies past the last bucket.
+    /// The `q`-quantile (0 < q <= 1) in nanoseconds: the value of the bucket that holds it
+    /// (its upper edge, or its exact value in a histogram of whole units), or the exact sample
+    /// when it lies past the last bucket.
     pub fn quantile_ns(&self, q: f64) -> u64 {
         if self.count == 0 {
             return 0;
@@ -243,7 +299,7 @@ impl Histogram {
         for (i, &c) in self.counts.iter().enumerate() {
             seen += c;
             if seen >= rank {
-                return ((i as u64 + 1) * self.width_ns).min(self.max_ns);
+                return self.bucket_value_ns(i).min(self.max_ns);
             }
         }
         // Past the range: the (rank - seen)-th smallest overflowed sample.
@@ -272,6 +328,28 @@ impl Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_units_report_exact_values_and_origin_shifts_buckets() {
+        let mut h = Histogram::whole_units(10, 1000);
+        for us in [3, 3, 5, 12] {
+            h.record(us * 1000);
+        }
+        assert_eq!(h.quantile_ns(0.5), 3000);
+        assert_eq!(h.quantile_ns(0.75), 5000);
+        assert_eq!(h.quantile_ns(1.0), 12_000);
+        assert_eq!(h.nonzero_buckets_us()[0], (3.0, 2));
+        let mut b = Histogram::new(4, 1000).with_origin(2000);
+        for ns in [500, 2500, 3999, 9000] {
+            b.record(ns);
+        }
+        // Below the origin counts in the first bucket, as oslat's bias does.
+        assert_eq!(b.counts(), &[2, 1, 0, 0]);
+        assert_eq!(b.overflow(), 1);
+        assert_eq!(b.quantile_ns(0.5), 3000);
+        b.clear();
+        assert_eq!(b.origin_ns(), 2000);
+    }
 
     #[test]
     fn buckets_overflow_and_exact_average() {

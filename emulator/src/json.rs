@@ -22,8 +22,12 @@ use crate::hist::{Histogram, Percentiles};
 use crate::load::{LoadReport, RequesterReport};
 use crate::rt::SysInfo;
 
-/// The version string we write in `"rt_test_version:"`: ours, marked as such.
-pub const VERSION: &str = concat!("qpw-emu ", env!("CARGO_PKG_VERSION"));
+/// The rt-tests version whose output and files we follow: what the real tools print
+/// (`oslat V 2.40`) and write in `"rt_test_version:"`, a number scripts compare.
+pub const RT_TESTS_VERSION: &str = "2.40";
+
+/// Our own version, written under our own key (`qpw_emu_version`).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// rt-tests' common envelope around a tool's body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -33,9 +37,12 @@ pub struct Envelope<B> {
     /// The command line, as typed.
     #[serde(rename = "cmdline:")]
     pub cmdline: String,
-    /// The tool's version.
+    /// The version of rt-tests whose format the file follows (`2.40`, as the real tools write).
     #[serde(rename = "rt_test_version:")]
     pub rt_test_version: String,
+    /// qpw-emu's own version (absent in the real tools' files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qpw_emu_version: Option<String>,
     /// When the run started (`Wed, 02 Dec 2026 17:55:22 +0000`).
     pub start_time: String,
     /// When the results were written.
@@ -56,7 +63,8 @@ impl<B> Envelope<B> {
         Self {
             file_version: 1,
             cmdline: cmdline(),
-            rt_test_version: VERSION.to_string(),
+            rt_test_version: RT_TESTS_VERSION.to_string(),
+            qpw_emu_version: Some(VERSION.to_string()),
             start_time,
             end_time: crate::rt::rt_timestamp(),
             return_code: 0,
@@ -149,8 +157,8 @@ pub struct CyclictestThreadJson {
     pub avg: f64,
     /// The CPU the thread was pinned to.
     pub cpu: usize,
-    /// Its NUMA node.
-    pub node: usize,
+    /// Its NUMA node (-1 when unknown, as cyclictest writes it without libnuma).
+    pub node: i64,
 }
 
 /// Our fields after the tool's. Every one has a default so that the real tools' files read.
@@ -179,6 +187,9 @@ pub struct QpwFields {
     pub load: Option<LoadReport>,
     /// Why the run stopped early, if it did.
     pub stopped_by: Option<String>,
+    /// Whether Ctrl-C (SIGINT or SIGTERM) cut the run short: its figures cover less than was
+    /// asked for. The real tools write return code 0 then too.
+    pub interrupted: bool,
     /// Setup steps that failed, and other things the figures depend on.
     pub warnings: Vec<String>,
     /// With `--trace`: what ran during the long gaps, and the running kernel's mode.
@@ -326,11 +337,22 @@ impl Buckets {
         )
     }
 
-    /// The buckets as (edge in us, count), skipping labels that are not numbers.
-    pub fn points(&self) -> Vec<(f64, u64)> {
+    /// The largest bucket key accepted: 1e9 us (a thousand seconds). A key past it, or one
+    /// that is not a finite number, is not a latency but a damaged or crafted file.
+    pub const MAX_KEY_US: f64 = 1e9;
+
+    /// The buckets as (key in us, count), in increasing key order; an error names the first
+    /// key that is not a finite number of microseconds in 0-1e9.
+    pub fn points(&self) -> std::result::Result<Vec<(f64, u64)>, String> {
         self.0
             .iter()
-            .filter_map(|(k, c)| k.parse::<f64>().ok().map(|e| (e, *c)))
+            .map(|(k, c)| match k.trim().parse::<f64>() {
+                Ok(v) if v.is_finite() && (0.0..=Self::MAX_KEY_US).contains(&v) => Ok((v, *c)),
+                _ => Err(format!(
+                    "histogram key `{k}` is not a latency: keys must be finite numbers of \
+                     microseconds in 0-1e9"
+                )),
+            })
             .collect()
     }
 }

@@ -57,6 +57,7 @@ pub mod progress;
 pub mod report;
 pub mod rt;
 pub mod scenario;
+pub mod signals;
 pub mod svg;
 pub mod threads;
 pub mod trace;

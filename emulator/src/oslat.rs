@@ -3,9 +3,14 @@
 //!
 //! It follows rt-tests' `oslat.c` step by step: each thread pins itself, sets `SCHED_FIFO` when
 //! asked, says it has started and waits (sleeping) for the go; it warms up (oslat's "pre-heat",
-//! so the CPU leaves its idle and low-frequency states), meets the others at a start barrier
-//! (spinning, so as not to sleep again), measures until told to stop, and meets them again at an
-//! end barrier so that an early finisher does not disturb the rest by exiting.
+//! so the CPU leaves its idle and low-frequency states: one second in `qpw-emu oslat`, on the
+//! first CPU only with `-s`, the others sleeping meanwhile), meets the others at a start
+//! barrier (spinning, so as not to sleep again), measures until told to stop, and meets them
+//! again at an end barrier so that an early finisher does not disturb the rest by exiting.
+//!
+//! Between the pre-heat and the measuring, oslat's `-B` takes the smallest gap any thread saw
+//! while warming up as the histogram's bias (its first bucket's origin), and `-w memmove`
+//! copies a buffer between two readings of the counter, as oslat's workload does.
 //!
 //! Two additions of ours, both off unless asked for:
 //!
@@ -16,7 +21,7 @@
 //! - the load (requester and process-context threads) is released only once every probe thread
 //!   has passed the start barrier, so that no drain happens outside the measured window.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -49,8 +54,17 @@ pub struct OslatConfig {
     pub cpus: CpuSet,
     /// How long to measure.
     pub duration: Duration,
-    /// How long to spin before measuring.
+    /// How long to spin before measuring (oslat's pre-heat).
     pub warmup: Duration,
+    /// Pre-heat on the first CPU only (`-s`).
+    pub single_preheat: bool,
+    /// Start the buckets at the smallest pre-heat gap (`-B`).
+    pub bias: bool,
+    /// Copy a buffer of this many bytes between two readings (`-w memmove -m SIZE`).
+    pub memmove_bytes: Option<usize>,
+    /// Where the main thread waits (oslat's `-C`); `None`: any allowed CPU but the measured
+    /// ones.
+    pub main_cpus: Option<CpuSet>,
     /// Buckets (`-b`).
     pub bucket_size: usize,
     /// Bucket width in nanoseconds (`-W`).
@@ -108,8 +122,11 @@ pub struct OslatRun {
     pub threads: Vec<OslatThread>,
     /// The counter's calibration.
     pub calibration: Calibration,
-    /// The CPU and gap (us) that crossed the trace threshold, if one did.
-    pub threshold_hit: Option<(usize, f64)>,
+    /// The CPU and gap that crossed the trace threshold, if one did: the gap in whole
+    /// microseconds as oslat rounds it (the upper edge of its 1 us slot).
+    pub threshold_hit: Option<(usize, u64)>,
+    /// The bias (`-B`) in nanoseconds: the first bucket's origin.
+    pub bias_ns: Option<u64>,
     /// Whether SIGINT cut the run short.
     pub interrupted: bool,
     /// Setup steps that failed inside the threads.
@@ -129,11 +146,15 @@ impl OslatRun {
 struct Control {
     started: AtomicUsize,
     go: AtomicBool,
+    /// Set once the (single) pre-heat is done, for the threads that did not pre-heat.
+    preheated: AtomicBool,
+    /// The smallest pre-heat gap, in nanoseconds, over the threads.
+    preheat_min_ns: AtomicU64,
     running: AtomicUsize,
     stop: AtomicBool,
     finished: AtomicUsize,
     n: usize,
-    threshold_hit: Mutex<Option<(usize, f64)>>,
+    threshold_hit: Mutex<Option<(usize, u64)>>,
     warnings: Mutex<Vec<String>>,
 }
 
@@ -144,10 +165,16 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
     if n == 0 {
         return Err(anyhow!("no CPU to measure"));
     }
-    let _away = crate::rt::AwayFrom::cpus(&cfg.cpus);
+    let mut ignored = crate::rt::Warnings::default();
+    let _away = match &cfg.main_cpus {
+        Some(main) => crate::rt::AwayFrom::onto(main, &mut ignored, true),
+        None => crate::rt::AwayFrom::cpus(&cfg.cpus),
+    };
     let ctl = Arc::new(Control {
         started: AtomicUsize::new(0),
         go: AtomicBool::new(false),
+        preheated: AtomicBool::new(false),
+        preheat_min_ns: AtomicU64::new(u64::MAX),
         running: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
         finished: AtomicUsize::new(0),
@@ -156,16 +183,19 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
         warnings: Mutex::new(Vec::new()),
     });
     let mut handles = Vec::with_capacity(n);
-    for cpu in cfg.cpus.iter() {
+    for (index, cpu) in cfg.cpus.iter().enumerate() {
         let (cfg, tctl) = (cfg.clone(), ctl.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("oslat/{cpu}"))
             .spawn(move || {
-                let result = thread_main(cpu, &cfg, calibration, &tctl);
+                let preheats = index == 0 || !cfg.single_preheat;
+                let result = thread_main(cpu, preheats, &cfg, calibration, &tctl);
                 if result.is_err() {
                     // Let the others past both barriers.
                     tctl.stop.store(true, Ordering::SeqCst);
+                    tctl.preheated.store(true, Ordering::SeqCst);
                     tctl.finished.fetch_add(1, Ordering::SeqCst);
+                    crate::signals::wake();
                 }
                 result
             });
@@ -184,21 +214,38 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
     // Release the load once every thread measures.
     threads::wait_for(&ctl.running, n, &handles);
     phase.go();
+    // No progress line when the main thread shares a measured CPU: redrawing it would disturb
+    // the measuring.
+    let shares = qpw_core::current_affinity()
+        .map(|a| !a.intersection(&cfg.cpus).is_empty())
+        .unwrap_or(true);
+    let quiet = cfg.quiet || shares;
     let progress = match cfg.progress_span {
-        Some((done, total)) => Progress::part(&cfg.label, done, total, cfg.quiet),
-        None => Progress::new(&cfg.label, cfg.duration, cfg.quiet),
+        Some((done, total)) => Progress::part(&cfg.label, done, total, quiet),
+        None => Progress::new(&cfg.label, cfg.duration, quiet),
     };
     // A thread that ended early failed: stop measuring.
     let thread_ended = || handles.iter().any(|h| h.is_finished());
-    let interrupted = threads::measure_for(cfg.duration, &ctl.stop, thread_ended, &progress, phase);
+    let interrupted = threads::measure_for(
+        Some(cfg.duration),
+        &ctl.stop,
+        thread_ended,
+        &progress,
+        phase,
+    );
 
     let threads = threads::join_all(handles, "a probe thread panicked")?;
     let threshold_hit = *ctl.threshold_hit.lock().unwrap_or_else(|e| e.into_inner());
     let warnings = std::mem::take(&mut *ctl.warnings.lock().unwrap_or_else(|e| e.into_inner()));
+    let bias_ns = cfg
+        .bias
+        .then(|| threads.first().map(|t| t.hist.origin_ns()))
+        .flatten();
     Ok(OslatRun {
         threads,
         calibration,
         threshold_hit,
+        bias_ns,
         interrupted,
         warnings,
     })
@@ -206,6 +253,7 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
 
 fn thread_main(
     cpu: usize,
+    preheats: bool,
     cfg: &OslatConfig,
     cal: Calibration,
     ctl: &Control,
@@ -221,6 +269,12 @@ fn thread_main(
     let mut hist = Histogram::new(cfg.bucket_size, cfg.bucket_width_ns);
     let mut op_hist = Histogram::new(cfg.bucket_size, cfg.bucket_width_ns);
     let threshold = cfg.trace_threshold_ns.map(|ns| cal.from_ns(ns));
+    // oslat's memmove workload: two buffers of the thread's own, copied between readings.
+    let (mut src, mut dst) = match cfg.memmove_bytes {
+        Some(n) => (vec![0u8; n], vec![0u8; n]),
+        None => (Vec::new(), Vec::new()),
+    };
+    let memmove = cfg.memmove_bytes.is_some();
     let (op, every) = match &cfg.local_op {
         Some(op) => (
             Some(&*op.workload),
@@ -246,27 +300,55 @@ fn thread_main(
         std::thread::sleep(Duration::from_millis(1));
     }
 
-    // Warm up: the same loop, nothing kept.
-    let warm_end = ticks() + cal.from_ns(cfg.warmup.as_nanos() as u64);
-    let mut prev = ticks();
-    while prev < warm_end && !ctl.stop.load(Ordering::Relaxed) {
-        let now = ticks();
-        hist.record(cal.to_ns(now - prev));
-        prev = now;
+    // Warm up: the same loop, nothing kept but the smallest gap (for the bias). With a
+    // single pre-heat thread, the others sleep until it is done, as oslat runs only one.
+    if preheats {
+        let warm_end = ticks() + cal.from_ns(cfg.warmup.as_nanos() as u64);
+        let mut prev = ticks();
+        while prev < warm_end && !ctl.stop.load(Ordering::Relaxed) {
+            if memmove {
+                copy(&mut dst, &src);
+            }
+            let now = ticks();
+            hist.record(cal.to_ns(now - prev));
+            prev = now;
+        }
+        ctl.preheat_min_ns
+            .fetch_min(hist.min_ns(), Ordering::SeqCst);
+        hist.clear();
+        ctl.preheated.store(true, Ordering::SeqCst);
+    } else {
+        while !ctl.preheated.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
-    hist.clear();
 
     // Start barrier.
     ctl.running.fetch_add(1, Ordering::SeqCst);
     while ctl.running.load(Ordering::SeqCst) < ctl.n && !ctl.stop.load(Ordering::Relaxed) {
         std::hint::spin_loop();
     }
+    if cfg.bias {
+        // oslat's bias: the smallest pre-heat gap in its whole microseconds (the upper edge of
+        // its slot), in bucket widths here.
+        let min = ctl.preheat_min_ns.load(Ordering::SeqCst);
+        let w = cfg.bucket_width_ns;
+        if min != u64::MAX {
+            hist = Histogram::new(cfg.bucket_size, w).with_origin((min / w + 1) * w);
+            op_hist = Histogram::new(cfg.bucket_size, w).with_origin((min / w + 1) * w);
+        }
+    }
+    // Keep the source buffer alive and unknown to the optimiser.
+    std::hint::black_box(&mut src);
 
     let start = ticks();
     let mut next_op = start.saturating_add(every);
     let mut prev = start;
     let mut op_in_gap = false;
     loop {
+        if memmove {
+            copy(&mut dst, &src);
+        }
         let now = ticks();
         let gap = now - prev;
         hist.record(cal.to_ns(gap));
@@ -326,11 +408,20 @@ fn thread_main(
     })
 }
 
+/// oslat's workload step: one `memmove` of the thread's buffer.
+#[inline]
+fn copy(dst: &mut [u8], src: &[u8]) {
+    dst.copy_from_slice(std::hint::black_box(src));
+    std::hint::black_box(dst);
+}
+
 #[cold]
 fn threshold_crossed(cpu: usize, ns: u64, ctl: &Control) {
     let mut hit = ctl.threshold_hit.lock().unwrap_or_else(|e| e.into_inner());
     if hit.is_none() {
-        *hit = Some((cpu, ns as f64 / 1000.0));
+        // oslat's rounding: the upper edge of the gap's 1 us slot.
+        *hit = Some((cpu, ns / 1000 + 1));
     }
     ctl.stop.store(true, Ordering::SeqCst);
+    crate::signals::wake();
 }

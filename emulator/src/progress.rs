@@ -32,6 +32,11 @@ impl Progress {
         }
     }
 
+    /// Whether the line is drawn at all.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     /// Redraws the line.
     pub fn tick(&self) {
         if !self.enabled {

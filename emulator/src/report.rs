@@ -1,6 +1,18 @@
 //! Text tables and plots of results: the experiment's comparison table, and `qpw-emu report`
-//! over saved JSON files (ours, or the real oslat's and cyclictest's, whose files lack our
-//! fields: their percentiles are then read off the histogram, bucket upper edges, and say so).
+//! over saved JSON files: ours, or the real oslat's and cyclictest's.
+//!
+//! The real tools' files lack our exact figures, so their percentiles are read off the
+//! histogram, and the table says so. The two tools key their buckets differently: oslat by the
+//! bucket's *upper* edge (its last bucket "including overflows"), cyclictest by the latency in
+//! whole microseconds as it records it (key `k` holds `[k, k+1)`: the *lower* edge), and
+//! cyclictest leaves its overflows (latencies at or above `-h`) out of the histogram, counting
+//! them only in `cycles`. Both kinds of overflow are samples known only to be at least some
+//! value: a percentile whose rank falls among them is shown as `>=value`, and the plots draw
+//! them dashed up to the max. The command line each file records tells the interval (for
+//! cyclictest's samples per second) and the histogram's size.
+//!
+//! `summary.json` of `qpw-emu run` is recognised and skipped (its rows are the scenario files'),
+//! so `report results/<ts>/*.json` works.
 
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -35,6 +47,10 @@ pub struct Row {
     pub p99_9_us: f64,
     /// 99.99th percentile, us.
     pub p99_99_us: f64,
+    /// For p99, p99.9 and p99.99: whether the figure is only a lower bound (read off a file
+    /// whose overflows hold the percentile's rank).
+    #[serde(default)]
+    pub at_least: [bool; 3],
     /// Whether the percentiles were read off bucket edges of a file without ours.
     pub from_buckets: bool,
     /// Whether the interruptions were counted above `qpw-emu report --threshold`.
@@ -66,75 +82,125 @@ pub struct Row {
     pub drain_max: Option<f64>,
     /// Drains that stalled.
     pub stalls: Option<u64>,
+    /// Whether Ctrl-C cut the run short.
+    #[serde(default)]
+    pub interrupted: bool,
 }
 
 impl Row {
-    /// The rows of an oslat result (one per thread); `name` names the run.
-    pub fn from_oslat_all(name: &str, doc: &Envelope<OslatBody>) -> Vec<Row> {
+    /// The row of an oslat result of ours (its first thread); `name` names the run.
+    pub fn from_oslat(name: &str, doc: &Envelope<OslatBody>) -> Row {
         doc.body
             .thread
             .0
-            .iter()
+            .first()
             .map(|t| {
-                let points = t.histogram.points();
-                Row::build(name, "oslat", &doc.body.qpw, t.cpu, t.max.value(), &points)
+                let view = ThreadView {
+                    tool: Tool::Oslat,
+                    cpu: t.cpu,
+                    points: Vec::new(),
+                    overflow: None,
+                    max_us: t.max.value(),
+                    seconds: Some(t.duration),
+                };
+                view.row(name, &doc.body.qpw)
             })
-            .collect()
-    }
-
-    /// The first row of an oslat result.
-    pub fn from_oslat(name: &str, doc: &Envelope<OslatBody>) -> Row {
-        Self::from_oslat_all(name, doc)
-            .into_iter()
-            .next()
             .unwrap_or_default()
     }
+}
 
-    fn build(
-        name: &str,
-        tool: &str,
-        q: &QpwFields,
-        cpu: usize,
-        max: f64,
-        points: &[(f64, u64)],
-    ) -> Row {
-        let ours = q.percentiles.iter().find(|p| p.cpu == cpu);
-        let (samples, max_us, p99, p999, p9999, from_buckets) = match ours {
+/// Which tool wrote a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tool {
+    Oslat,
+    Cyclictest,
+}
+
+impl Tool {
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Oslat => "oslat",
+            Tool::Cyclictest => "cyclictest",
+        }
+    }
+}
+
+/// One measured thread of a file, as the report reads it.
+#[derive(Debug, Clone)]
+struct ThreadView {
+    tool: Tool,
+    cpu: usize,
+    /// The in-range buckets: (key in us, count).
+    points: Vec<(f64, u64)>,
+    /// Samples known only to be at least some value.
+    overflow: Option<svg::Overflow>,
+    /// The largest sample, in us.
+    max_us: f64,
+    /// How long the thread measured, when the file tells.
+    seconds: Option<f64>,
+}
+
+impl ThreadView {
+    fn total(&self) -> u64 {
+        self.points.iter().map(|p| p.1).sum::<u64>() + self.overflow.map_or(0, |o| o.count)
+    }
+
+    /// The `q`-quantile off the buckets, and whether it is only a lower bound (its rank falls
+    /// among the overflows).
+    fn quantile(&self, q: f64) -> (f64, bool) {
+        let total = self.total();
+        if total == 0 {
+            return (f64::NAN, false);
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for &(key, c) in &self.points {
+            seen += c;
+            if seen >= rank {
+                return (key, false);
+            }
+        }
+        match self.overflow {
+            Some(o) => (o.from_us, true),
+            None => (self.max_us, false),
+        }
+    }
+
+    /// The table row: our exact figures when the file has them, else the buckets'.
+    fn row(&self, name: &str, q: &QpwFields) -> Row {
+        let ours = q.percentiles.iter().find(|p| p.cpu == self.cpu);
+        let (samples, max_us, pcts, from_buckets) = match ours {
             Some(f) => (
                 f.samples,
                 f.us.max,
-                f.us.p99,
-                f.us.p99_9,
-                f.us.p99_99,
+                [(f.us.p99, false), (f.us.p99_9, false), (f.us.p99_99, false)],
                 false,
             ),
-            // A file with no histogram (cyclictest without -h): no percentiles to give.
-            None if points.is_empty() => (0, max, f64::NAN, f64::NAN, f64::NAN, true),
-            None => {
-                let total: u64 = points.iter().map(|p| p.1).sum();
-                (
-                    total,
-                    max,
-                    bucket_quantile(points, 0.99),
-                    bucket_quantile(points, 0.999),
-                    bucket_quantile(points, 0.9999),
-                    true,
-                )
-            }
+            None => (
+                self.total(),
+                self.max_us,
+                [
+                    self.quantile(0.99),
+                    self.quantile(0.999),
+                    self.quantile(0.9999),
+                ],
+                true,
+            ),
         };
         let r = q.requester.as_ref();
         let i = q.interruptions.as_ref();
         Row {
             name: name.to_string(),
-            tool: tool.to_string(),
+            tool: self.tool.name().to_string(),
             mode: q.mode.clone(),
             workload: q.workload.clone(),
-            cpu,
+            cpu: self.cpu,
             samples,
             max_us,
-            p99_us: p99,
-            p99_9_us: p999,
-            p99_99_us: p9999,
+            p99_us: pcts[0].0,
+            p99_9_us: pcts[1].0,
+            p99_99_us: pcts[2].0,
+            at_least: [pcts[0].1, pcts[1].1, pcts[2].1],
             from_buckets,
             from_threshold: false,
             interruptions: i.map(|i| i.count),
@@ -150,33 +216,53 @@ impl Row {
             drain_p99: r.map(|r| r.time_us.p99),
             drain_max: r.map(|r| r.time_us.max),
             stalls: r.map(|r| r.stalls),
+            interrupted: q.interrupted,
+        }
+    }
+
+    /// For a file without our interruption count: the samples above `threshold` us (the
+    /// overflows among them), and their rate when the length is known.
+    fn count_above(&self, row: &mut Row, threshold: f64) {
+        if row.interruptions.is_some() {
+            return;
+        }
+        let count = self
+            .points
+            .iter()
+            .filter(|p| p.0 > threshold)
+            .map(|p| p.1)
+            .sum::<u64>()
+            + self.overflow.map_or(0, |o| o.count);
+        row.interruptions = Some(count);
+        row.interruptions_per_s = self.seconds.filter(|s| *s > 0.0).map(|s| count as f64 / s);
+        row.from_threshold = true;
+    }
+
+    /// The median, for the default threshold.
+    fn median(&self, q: &QpwFields) -> f64 {
+        match q.percentiles.iter().find(|p| p.cpu == self.cpu) {
+            Some(f) => f.us.p50,
+            None => self.quantile(0.5).0,
+        }
+    }
+
+    fn series(&self, label: String) -> Series {
+        Series {
+            label,
+            points: self.points.clone(),
+            overflow: self.overflow,
+            max_us: Some(self.max_us),
         }
     }
 }
 
-/// The `q`-quantile of (upper edge, count) buckets: the edge where the count reaches it.
-pub fn bucket_quantile(points: &[(f64, u64)], q: f64) -> f64 {
-    let total: u64 = points.iter().map(|p| p.1).sum();
-    if total == 0 {
-        return 0.0;
-    }
-    let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
-    let mut seen = 0;
-    for &(edge, c) in points {
-        seen += c;
-        if seen >= rank {
-            return edge;
-        }
-    }
-    points.last().map_or(0.0, |p| p.0)
-}
-
-/// A figure with two decimals, or `-` when there is none (NaN).
-fn num(v: f64) -> String {
-    if v.is_nan() {
-        "-".to_string()
-    } else {
-        format!("{v:.2}")
+/// A figure with two decimals, `>=` in front when it is only a lower bound, or `-` when there
+/// is none (NaN).
+fn num(v: f64, at_least: bool) -> String {
+    match (v.is_nan(), at_least) {
+        (true, _) => "-".to_string(),
+        (false, true) => format!(">={v:.0}"),
+        (false, false) => format!("{v:.2}"),
     }
 }
 
@@ -196,9 +282,16 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         "\nTarget{cpu}: oslat gaps or cyclictest wake-up latencies in us{thr}; requester: \
          drain time in us"
     );
+    // The name column fits the longest name (and its marks).
+    let nw = rows
+        .iter()
+        .map(|r| r.name.chars().count() + 2)
+        .max()
+        .unwrap_or(0)
+        .max(14);
     let _ = writeln!(
         s,
-        "{:<14} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+        "{:<nw$} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
         "scenario",
         "max",
         "p99",
@@ -214,17 +307,22 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         "max",
         "stalls"
     );
-    let _ = writeln!(s, "{}", "-".repeat(133));
+    let _ = writeln!(s, "{}", "-".repeat(119 + nw));
     for r in rows {
-        let mark = if r.from_buckets { "*" } else { "" };
+        let mark = match (r.from_buckets, r.interrupted) {
+            (true, true) => "*!",
+            (true, false) => "*",
+            (false, true) => "!",
+            (false, false) => "",
+        };
         let _ = writeln!(
             s,
-            "{:<14} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+            "{:<nw$} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
             format!("{}{mark}", r.name),
             r.max_us,
-            num(r.p99_us),
-            num(r.p99_9_us),
-            num(r.p99_99_us),
+            num(r.p99_us, r.at_least[0]),
+            num(r.p99_9_us, r.at_least[1]),
+            num(r.p99_99_us, r.at_least[2]),
             opt(r.interruptions, |v| v.to_string()),
             opt(r.during_local_op, |v| v.to_string()),
             opt(r.interruptions_per_s, |v| format!("{v:.0}")),
@@ -243,10 +341,34 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
              operation (waiting for its CPU's lock), not preempted by someone else"
         );
     }
-    if rows.iter().any(|r| r.from_buckets) {
+    if rows.iter().any(|r| r.interrupted) {
         let _ = writeln!(
             s,
-            "* percentiles read off the histogram's bucket upper edges (the file has no exact ones)"
+            "! cut short by Ctrl-C: its figures cover less time than the others'"
+        );
+    }
+    if rows.iter().any(|r| r.from_buckets && r.tool == "oslat") {
+        let _ = writeln!(
+            s,
+            "* oslat file: percentiles read off its histogram, whose keys are bucket upper edges \
+             (the file has no exact ones)"
+        );
+    }
+    if rows
+        .iter()
+        .any(|r| r.from_buckets && r.tool == "cyclictest")
+    {
+        let _ = writeln!(
+            s,
+            "* cyclictest file: percentiles read off its histogram, whose keys are latencies in \
+             whole us as cyclictest records them (key k holds [k, k+1) us: a lower edge)"
+        );
+    }
+    if rows.iter().any(|r| r.at_least.contains(&true)) {
+        let _ = writeln!(
+            s,
+            ">=v: the percentile's rank falls among overflows, known only to be at least v us \
+             (cyclictest's latencies past -h; oslat's last bucket)"
         );
     }
     s
@@ -256,6 +378,8 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
 enum Loaded {
     Oslat(Envelope<OslatBody>),
     Cyclictest(Envelope<CyclictestBody>),
+    /// `qpw-emu run`'s summary: skipped.
+    Summary,
 }
 
 fn load(path: &Path) -> Result<Loaded> {
@@ -263,6 +387,9 @@ fn load(path: &Path) -> Result<Loaded> {
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let value: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    if value.get("tool").and_then(|t| t.as_str()) == Some("qpw-emu run") {
+        return Ok(Loaded::Summary);
+    }
     let first = value
         .get("thread")
         .and_then(|t| t.as_object())
@@ -290,70 +417,192 @@ fn load(path: &Path) -> Result<Loaded> {
     }
 }
 
-/// `qpw-emu report FILE.json...`: one table, and a histogram and a CDF per tool.
+/// The settings a file's command line gives, as the tool would read them (the defaults when
+/// the line does not parse).
+#[derive(Debug, Clone, Copy)]
+struct Recorded {
+    /// cyclictest: the base interval and the distance between the threads' intervals, in us.
+    interval_us: u64,
+    distance_us: u64,
+    /// cyclictest: the histogram's size (`-h`/`-H`).
+    histogram: Option<u64>,
+}
+
+impl Recorded {
+    fn of(cmdline: &str) -> Self {
+        let mut rec = Self {
+            interval_us: 1000,
+            distance_us: 500,
+            histogram: None,
+        };
+        let args = crate::cli::args_for_invocation(cmdline.split_whitespace().map(Into::into));
+        use clap::Parser;
+        if let Ok(crate::cli::Cli {
+            command: Some(crate::cli::Command::Cyclictest(c)),
+        }) = crate::cli::Cli::try_parse_from(args)
+        {
+            rec.interval_us = c.interval;
+            rec.histogram = c.histogram.or(c.histofall);
+            rec.distance_us = if rec.histogram.is_some() {
+                0
+            } else {
+                c.distance.unwrap_or(500)
+            };
+        }
+        rec
+    }
+}
+
+/// The threads of one file, checked: keys that are latencies, counts that add up.
+fn views(path: &Path, loaded: &Loaded) -> Result<Vec<ThreadView>> {
+    let bad = |i: usize, e: String| anyhow!("{}: thread {i}: {e}", path.display());
+    let mut out = Vec::new();
+    match loaded {
+        Loaded::Summary => {}
+        Loaded::Oslat(doc) => {
+            for (i, t) in doc.body.thread.0.iter().enumerate() {
+                let mut points = t.histogram.points().map_err(|e| bad(i, e))?;
+                let max = t.max.value();
+                if !max.is_finite() || max > Buckets::MAX_KEY_US {
+                    return Err(bad(i, format!("max {max} is not a latency in 0-1e9 us")));
+                }
+                // oslat's last bucket holds the overflows too: when the max lies past it, its
+                // samples are known only to be at least its lower edge.
+                let overflow = match points.last() {
+                    Some(&(key, count)) if max > key => {
+                        points.pop();
+                        Some(svg::Overflow {
+                            from_us: (key - 1.0).max(0.0),
+                            count,
+                        })
+                    }
+                    _ => None,
+                };
+                out.push(ThreadView {
+                    tool: Tool::Oslat,
+                    cpu: t.cpu,
+                    points,
+                    overflow,
+                    max_us: max,
+                    seconds: Some(t.duration),
+                });
+            }
+        }
+        Loaded::Cyclictest(doc) => {
+            let rec = Recorded::of(&doc.cmdline);
+            for (i, t) in doc.body.thread.0.iter().enumerate() {
+                let points = t.histogram.points().map_err(|e| bad(i, e))?;
+                let in_range: u64 = points.iter().map(|p| p.1).sum();
+                if in_range > t.cycles {
+                    return Err(bad(
+                        i,
+                        format!(
+                            "its histogram counts {in_range} samples, more than its {} cycles",
+                            t.cycles
+                        ),
+                    ));
+                }
+                // Samples past -h count only in `cycles`.
+                let over = t.cycles - in_range;
+                let from = rec
+                    .histogram
+                    .map(|h| h as f64)
+                    .or_else(|| points.last().map(|p| p.0 + 1.0))
+                    .unwrap_or(0.0);
+                let overflow = (over > 0 && !points.is_empty()).then_some(svg::Overflow {
+                    from_us: from,
+                    count: over,
+                });
+                let interval = rec.interval_us + i as u64 * rec.distance_us;
+                out.push(ThreadView {
+                    tool: Tool::Cyclictest,
+                    cpu: t.cpu,
+                    points,
+                    overflow,
+                    max_us: t.max as f64,
+                    seconds: Some(t.cycles as f64 * interval as f64 / 1e6),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `qpw-emu report FILE.json...`: one table, and a histogram and a CCDF per tool.
 pub fn report_cmd(args: &ReportArgs) -> Result<()> {
-    let threshold = crate::validate::float_in("--threshold", &args.threshold, 0.001, 1e7)?;
-    let mut rows = Vec::new();
-    let mut oslat_series = Vec::new();
-    let mut cyclic_series = Vec::new();
+    let given = args
+        .threshold
+        .as_deref()
+        .map(|t| crate::validate::float_in("--threshold", t, 0.001, 1e7))
+        .transpose()?;
+    // Every file read and checked before anything is printed.
+    let mut files = Vec::new();
+    let mut skipped = Vec::new();
     for path in &args.files {
         let stem = path.file_stem().map_or_else(
             || path.display().to_string(),
             |s| s.to_string_lossy().into_owned(),
         );
-        match load(path)? {
-            Loaded::Oslat(doc) => {
-                let label = series_label(&stem, &doc.body.qpw);
-                for (t, mut row) in doc
-                    .body
-                    .thread
-                    .0
-                    .iter()
-                    .zip(Row::from_oslat_all(&stem, &doc))
-                {
-                    let points = t.histogram.points();
-                    count_above(&mut row, &points, threshold, t.duration);
-                    oslat_series.push(Series {
-                        label: format!("{label} cpu{}", t.cpu),
-                        points,
-                    });
-                    rows.push(row);
-                }
+        let loaded = load(path)?;
+        if matches!(loaded, Loaded::Summary) {
+            skipped.push(path.display().to_string());
+            continue;
+        }
+        let views = views(path, &loaded)?;
+        let q = match &loaded {
+            Loaded::Oslat(d) => d.body.qpw.clone(),
+            Loaded::Cyclictest(d) => d.body.qpw.clone(),
+            Loaded::Summary => QpwFields::default(),
+        };
+        files.push((stem, q, views));
+    }
+    // The threshold for files without our count: given, or per tool 10 x the quietest file's
+    // median (at least 1 us), so that every file of a tool is held to the same one.
+    let threshold = |tool: Tool| -> f64 {
+        given.unwrap_or_else(|| {
+            let quietest = files
+                .iter()
+                .flat_map(|(_, q, vs)| vs.iter().filter(|v| v.tool == tool).map(|v| v.median(q)))
+                .filter(|m| m.is_finite())
+                .fold(f64::INFINITY, f64::min);
+            (10.0 * quietest).max(1.0)
+        })
+    };
+    let mut rows = Vec::new();
+    let mut series: [(Tool, Vec<Series>); 2] =
+        [(Tool::Oslat, Vec::new()), (Tool::Cyclictest, Vec::new())];
+    let mut thresholds_used = Vec::new();
+    for (stem, q, vs) in &files {
+        let label = series_label(stem, q);
+        for v in vs {
+            let mut row = v.row(stem, q);
+            let t = threshold(v.tool);
+            v.count_above(&mut row, t);
+            if row.from_threshold && !thresholds_used.contains(&(v.tool, t.to_bits())) {
+                thresholds_used.push((v.tool, t.to_bits()));
             }
-            Loaded::Cyclictest(doc) => {
-                let label = series_label(&stem, &doc.body.qpw);
-                for t in &doc.body.thread.0 {
-                    let points = Buckets::points(&t.histogram);
-                    let mut row = Row::build(
-                        &stem,
-                        "cyclictest",
-                        &doc.body.qpw,
-                        t.cpu,
-                        t.max as f64,
-                        &points,
-                    );
-                    let interval_s = doc
-                        .body
-                        .qpw
-                        .settings
-                        .as_ref()
-                        .and_then(|s| s.interval_us)
-                        .map_or(0.0, |us| us as f64 / 1e6);
-                    count_above(&mut row, &points, threshold, t.cycles as f64 * interval_s);
-                    rows.push(row);
-                    cyclic_series.push(Series {
-                        label: format!("{label} cpu{}", t.cpu),
-                        points,
-                    });
-                }
+            rows.push(row);
+            let slot = series.iter_mut().find(|(tool, _)| *tool == v.tool);
+            if let Some((_, list)) = slot {
+                list.push(v.series(format!("{label} cpu{}", v.cpu)));
             }
         }
     }
+    for s in &skipped {
+        println!("skipped {s}: the summary of a `qpw-emu run` (its rows are the scenario files')");
+    }
     print!("{}", table(&rows, None, None));
-    if rows.iter().any(|r| r.from_threshold) {
+    for (tool, bits) in &thresholds_used {
+        let t = f64::from_bits(*bits);
+        let rule = if given.is_some() {
+            "--threshold".to_string()
+        } else {
+            "10 x the smallest median among its files, at least 1 us; --threshold to set".into()
+        };
         println!(
-            "interrupt, per s: samples in buckets above {threshold} us (--threshold), for files \
-             without an idle-baseline count of their own"
+            "interrupt, per s ({}): samples above {t} us ({rule}), for files without an \
+             idle-baseline count of their own",
+            tool.name()
         );
     }
     let out: PathBuf = match &args.out {
@@ -368,23 +617,19 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
     };
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut written = Vec::new();
-    for (tool, series) in [("oslat", &oslat_series), ("cyclictest", &cyclic_series)] {
-        if series.is_empty() {
+    for (tool, list) in &series {
+        if list.is_empty() {
             continue;
         }
-        let title = format!(
-            "{tool}: {}",
-            if tool == "oslat" {
-                "gaps"
-            } else {
-                "wake-up latency"
-            }
-        );
+        let title = match tool {
+            Tool::Oslat => "oslat: gaps",
+            Tool::Cyclictest => "cyclictest: wake-up latency",
+        };
         for (kind, doc) in [
-            ("hist", svg::histogram(&title, series)),
-            ("cdf", svg::cdf(&title, series)),
+            ("hist", svg::histogram(title, list)),
+            ("ccdf", svg::ccdf(title, list)),
         ] {
-            let p = out.join(format!("report-{tool}-{kind}.svg"));
+            let p = out.join(format!("report-{}-{kind}.svg", tool.name()));
             std::fs::write(&p, doc).with_context(|| format!("cannot write {}", p.display()))?;
             written.push(p);
         }
@@ -394,22 +639,6 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
         println!("wrote {}", p.display());
     }
     Ok(())
-}
-
-/// For a file without our interruption count: the samples in buckets whose upper edge is
-/// above `threshold` us, and their rate over `seconds` (when known).
-fn count_above(row: &mut Row, points: &[(f64, u64)], threshold: f64, seconds: f64) {
-    if row.interruptions.is_some() || points.is_empty() {
-        return;
-    }
-    let count = points
-        .iter()
-        .filter(|p| p.0 > threshold)
-        .map(|p| p.1)
-        .sum::<u64>();
-    row.interruptions = Some(count);
-    row.interruptions_per_s = (seconds > 0.0).then(|| count as f64 / seconds);
-    row.from_threshold = true;
 }
 
 fn series_label(stem: &str, q: &QpwFields) -> String {

@@ -4,11 +4,10 @@
 //! the report (STYLE.md rule 15): a figure measured without it means something else.
 //!
 //! Also here: the ftrace marker written when a threshold is exceeded (`-T`, `-b`), the SIGINT
-//! flag, and the system facts the rt-tests JSON envelope carries.
+//! flag (taken by [`crate::signals`]), and the system facts the rt-tests JSON envelope carries.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use qpw_core::{CpuSet, Topology};
 
@@ -97,6 +96,33 @@ pub fn prepare(mlock: bool, warnings: &mut Warnings, quiet: bool) -> RtGuard {
     RtGuard { _dma_latency: dma }
 }
 
+impl RtGuard {
+    /// Whether `/dev/cpu_dma_latency` is held (cyclictest then prints
+    /// `# /dev/cpu_dma_latency set to Nus`).
+    pub fn holds_dma_latency(&self) -> bool {
+        self._dma_latency.is_some()
+    }
+
+    /// Holds `value` microseconds in `/dev/cpu_dma_latency` instead of 0 (cyclictest's
+    /// `--latency`), or lets go of it (`None`: `--laptop`, `--default-system`: the request ends
+    /// when the file is closed).
+    pub fn set_dma_latency(&mut self, value: Option<i32>, warnings: &mut Warnings, quiet: bool) {
+        let Some(value) = value else {
+            self._dma_latency = None;
+            return;
+        };
+        if let Some(f) = &mut self._dma_latency {
+            if let Err(e) = f.write_all(&value.to_ne_bytes()) {
+                warnings.push(
+                    quiet,
+                    format!("could not write {value} to /dev/cpu_dma_latency: {e}"),
+                );
+                self._dma_latency = None;
+            }
+        }
+    }
+}
+
 /// Records a warning for each measured CPU that is neither isolated nor `nohz_full`.
 pub fn check_isolation(cpus: &CpuSet, warnings: &mut Warnings, quiet: bool) {
     match Topology::read() {
@@ -132,6 +158,14 @@ pub fn set_fifo(prio: i32) -> Result<(), String> {
             e.to_string()
         }
     })
+}
+
+/// What a refused real-time priority `prio` needs, and how an ordinary user gets it.
+pub fn rt_priority_hint(prio: i32) -> String {
+    format!(
+        "it needs root, CAP_SYS_NICE or an RLIMIT_RTPRIO of at least {prio}; {}",
+        fifo_hint(prio, rtprio_limit())
+    )
 }
 
 /// How an ordinary user raises the soft `RLIMIT_RTPRIO` (now `limit`) to allow `prio` (the
@@ -301,6 +335,24 @@ impl AwayFrom {
     }
 }
 
+impl AwayFrom {
+    /// Moves the calling thread onto `cpus` (oslat's `-C`, cyclictest's `--mainaffinity`); a
+    /// refusal is recorded in `warnings` and the thread stays where it was.
+    pub fn onto(cpus: &CpuSet, warnings: &mut Warnings, quiet: bool) -> Self {
+        let previous = qpw_core::current_affinity().ok();
+        match qpw_core::set_current_affinity(cpus) {
+            Ok(()) => Self { previous },
+            Err(e) => {
+                warnings.push(
+                    quiet,
+                    format!("cannot move the main thread to cpu(s) {cpus}: {e}"),
+                );
+                Self { previous: None }
+            }
+        }
+    }
+}
+
 impl Drop for AwayFrom {
     fn drop(&mut self) {
         if let Some(set) = &self.previous {
@@ -356,20 +408,15 @@ impl TraceMarker {
     }
 }
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigint(_signal: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// Turns SIGINT and SIGTERM into a flag that [`interrupted`] reads, so a run stops cleanly and
-/// still reports what it measured.
-pub fn catch_sigint() {
-    let handler = on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
+/// Takes SIGINT and SIGTERM (see [`crate::signals`]): the first asks the run to stop cleanly
+/// and still report what it measured, a second ends the process. When the signals cannot be
+/// taken they keep their default action, and `warnings` says so.
+pub fn catch_sigint(warnings: &mut Warnings, quiet: bool) {
+    if let Err(e) = crate::signals::install() {
+        warnings.push(
+            quiet,
+            format!("cannot take SIGINT/SIGTERM ({e}): Ctrl-C ends the run without a report"),
+        );
     }
 }
 
@@ -401,7 +448,7 @@ pub fn error_chain(e: &anyhow::Error) -> String {
 
 /// Whether SIGINT or SIGTERM arrived.
 pub fn interrupted() -> bool {
-    INTERRUPTED.load(Ordering::SeqCst)
+    crate::signals::interrupted()
 }
 
 /// `uname` plus `/sys/kernel/realtime`, as rt-tests' JSON `sysinfo` has them.

@@ -65,7 +65,7 @@ pub struct Outcome {
     /// The requester's figures.
     pub requester: Option<RequesterReport>,
     /// The requester's drain-time histogram (for merging runs).
-    pub requester_hist: Option<crate::hist::Histogram>,
+    pub requester_hist: Option<crate::load::DrainTimes>,
     /// The process-context load's figures.
     pub load: LoadReport,
     /// Drains of the target CPU during the run (queued to it or run under its lock).

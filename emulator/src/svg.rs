@@ -1,29 +1,84 @@
-//! Two plots, written as plain SVG (no plotting dependency): a latency histogram with a log
-//! count axis, and a CDF; both with a log latency axis and one series per mode (or file).
+//! Two plots of latency distributions that show the tail, written as plain SVG:
 //!
-//! The SVG is built from typed elements through one small private writer, `Svg`, which escapes
-//! every piece of text it is given.
+//! - [`ccdf`]: the complementary CDF, the fraction of samples *above* each latency, on log-log
+//!   axes: the latency engineer's view, where one sample in ten million still has a place
+//!   (a CDF on a linear axis is a flat line at 1.0 above the first bucket);
+//! - [`histogram`]: counts on a log axis over log-spaced bins (so a 250 ns bucket and a 4 ms
+//!   one read alike), each non-empty bin a step; empty bins leave a gap, never a line.
+//!
+//! Both extend the latency axis to the largest sample and mark it (a triangle and its value),
+//! and mark an *overflow*: samples known only to lie above some value (cyclictest's `-h`
+//! overflows, oslat's last bucket "including overflows") are drawn as a dashed segment from
+//! where the known part ends to the max, with their count, rather than left out.
+//!
+//! Why no plotting crate: the ones that fit (plotters) lay out text with a font backend
+//! (fontconfig or a bundled TTF), and their log axes offer no dashed "unknown" segment or tail
+//! marker without drawing them by hand anyway; this writer is small, escapes every piece of
+//! text, and renders the same in every SVG viewer.
 
 use std::fmt::Write;
 
+/// Samples known only to lie at or above a value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Overflow {
+    /// The value they are at least, in microseconds.
+    pub from_us: f64,
+    /// How many.
+    pub count: u64,
+}
+
 /// One series: a label and (latency in us, count) points in increasing latency.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Series {
     /// The legend label.
     pub label: String,
-    /// (bucket upper edge in microseconds, count).
+    /// (value in microseconds, count): each bucket's upper edge (oslat, ours) or exact value
+    /// (cyclictest's whole microseconds).
     pub points: Vec<(f64, u64)>,
+    /// Samples past the known points, if the source only counts them.
+    pub overflow: Option<Overflow>,
+    /// The largest sample, when known (else the last point).
+    pub max_us: Option<f64>,
 }
 
-const W: f64 = 760.0;
-const H: f64 = 440.0;
-const LEFT: f64 = 70.0;
-const RIGHT: f64 = 190.0;
+impl Series {
+    /// A series of exactly known points.
+    pub fn exact(label: impl Into<String>, points: Vec<(f64, u64)>) -> Self {
+        Self {
+            label: label.into(),
+            points,
+            ..Self::default()
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.points.iter().map(|p| p.1).sum::<u64>() + self.overflow.map_or(0, |o| o.count)
+    }
+
+    fn max(&self) -> Option<f64> {
+        self.max_us
+            .or_else(|| self.points.last().map(|p| p.0))
+            .filter(|m| *m > 0.0)
+    }
+}
+
+const W: f64 = 820.0;
+const H: f64 = 460.0;
+const LEFT: f64 = 74.0;
+const RIGHT: f64 = 230.0;
 const TOP: f64 = 40.0;
 const BOTTOM: f64 = 50.0;
+/// Bins per decade of the histogram's latency axis.
+const BINS_PER_DECADE: f64 = 10.0;
+/// Decades an axis may span at most (values are validated well inside this).
+const MAX_DECADES: f64 = 14.0;
 const COLORS: [&str; 8] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
 ];
+
+fn color(i: usize) -> &'static str {
+    COLORS[i % COLORS.len()]
+}
 
 /// A minimal SVG document writer.
 #[derive(Debug, Default)]
@@ -39,37 +94,59 @@ fn escape(text: &str) -> String {
 }
 
 impl Svg {
-    fn line(&mut self, x1: f64, y1: f64, x2: f64, y2: f64, stroke: &str, width: f64) {
+    fn line(&mut self, (x1, y1): (f64, f64), (x2, y2): (f64, f64), stroke: &str, width: f64) {
         let _ = writeln!(
             self.body,
             r#"<line x1="{x1:.1}" y1="{y1:.1}" x2="{x2:.1}" y2="{y2:.1}" stroke="{stroke}" stroke-width="{width}"/>"#
         );
     }
 
-    fn text(&mut self, x: f64, y: f64, anchor: &str, size: u32, text: &str) {
+    fn dashed(&mut self, (x1, y1): (f64, f64), (x2, y2): (f64, f64), stroke: &str) {
         let _ = writeln!(
             self.body,
-            r#"<text x="{x:.1}" y="{y:.1}" text-anchor="{anchor}" font-family="sans-serif" font-size="{size}">{}</text>"#,
+            r#"<line x1="{x1:.1}" y1="{y1:.1}" x2="{x2:.1}" y2="{y2:.1}" stroke="{stroke}" stroke-width="1.6" stroke-dasharray="5,4"/>"#
+        );
+    }
+
+    fn text(&mut self, (x, y): (f64, f64), anchor: &str, size: u32, fill: &str, text: &str) {
+        let _ = writeln!(
+            self.body,
+            r#"<text x="{x:.1}" y="{y:.1}" text-anchor="{anchor}" font-family="sans-serif" font-size="{size}" fill="{fill}">{}</text>"#,
             escape(text)
         );
     }
 
     fn polyline(&mut self, points: &[(f64, f64)], stroke: &str) {
+        if points.len() < 2 {
+            return;
+        }
         let pts: Vec<String> = points
             .iter()
             .map(|(x, y)| format!("{x:.1},{y:.1}"))
             .collect();
         let _ = writeln!(
             self.body,
-            r#"<polyline fill="none" stroke="{stroke}" stroke-width="1.6" points="{}"/>"#,
+            r#"<polyline fill="none" stroke="{stroke}" stroke-width="1.8" points="{}"/>"#,
             pts.join(" ")
         );
     }
 
-    fn dot(&mut self, x: f64, y: f64, fill: &str) {
+    fn dot(&mut self, (x, y): (f64, f64), fill: &str) {
         let _ = writeln!(
             self.body,
-            r#"<circle cx="{x:.1}" cy="{y:.1}" r="1.8" fill="{fill}"/>"#
+            r#"<circle cx="{x:.1}" cy="{y:.1}" r="2.2" fill="{fill}"/>"#
+        );
+    }
+
+    /// A downward triangle with its tip at (x, y): the max marker.
+    fn triangle(&mut self, (x, y): (f64, f64), fill: &str) {
+        let _ = writeln!(
+            self.body,
+            r#"<path d="M {x:.1} {y:.1} L {:.1} {:.1} L {:.1} {:.1} Z" fill="{fill}"/>"#,
+            x - 5.0,
+            y - 9.0,
+            x + 5.0,
+            y - 9.0
         );
     }
 
@@ -82,7 +159,7 @@ impl Svg {
     }
 }
 
-/// A log10 axis over whole decades covering `lo..hi`.
+/// A log10 axis from `10^lo` to `10^hi` (whole decades).
 #[derive(Debug, Clone, Copy)]
 struct LogAxis {
     lo: f64,
@@ -90,18 +167,23 @@ struct LogAxis {
 }
 
 impl LogAxis {
+    /// Whole decades covering `min..max` (both positive; at least one decade, at most
+    /// [`MAX_DECADES`], keeping the top).
     fn covering(min: f64, max: f64) -> Self {
-        let min = min.max(1e-3);
-        let max = max.max(min * 10.0);
-        Self {
-            lo: min.log10().floor(),
-            hi: max.log10().ceil(),
-        }
+        let max = if max.is_finite() { max.max(1e-3) } else { 1e9 };
+        let min = if min.is_finite() && min > 0.0 {
+            min.min(max)
+        } else {
+            max / 10.0
+        };
+        let hi = max.log10().ceil().max(min.log10().floor() + 1.0);
+        let lo = min.log10().floor().max(hi - MAX_DECADES);
+        Self { lo, hi }
     }
 
     /// Position of `v` in 0..1.
     fn frac(&self, v: f64) -> f64 {
-        ((v.max(1e-12).log10() - self.lo) / (self.hi - self.lo)).clamp(0.0, 1.0)
+        ((v.max(1e-300).log10() - self.lo) / (self.hi - self.lo)).clamp(0.0, 1.0)
     }
 
     fn decades(&self) -> impl Iterator<Item = f64> {
@@ -109,50 +191,90 @@ impl LogAxis {
     }
 }
 
+/// The plotting area and its two axes.
+struct Frame {
+    x: LogAxis,
+    y: LogAxis,
+}
+
+impl Frame {
+    fn px(&self, x: f64, y: f64) -> (f64, f64) {
+        (
+            LEFT + self.x.frac(x) * (W - RIGHT - LEFT),
+            (H - BOTTOM) - self.y.frac(y) * (H - BOTTOM - TOP),
+        )
+    }
+
+    /// Draws the title, axes, grid and labels.
+    fn draw(&self, svg: &mut Svg, title: &str, x_label: &str, y_label: &str) {
+        let (x0, y0, x1, y1) = (LEFT, H - BOTTOM, W - RIGHT, TOP);
+        for d in self.x.decades() {
+            let (x, _) = self.px(d, 1.0);
+            svg.line((x, y0), (x, y1), "#e4e4e4", 1.0);
+            svg.text((x, y0 + 16.0), "middle", 11, "black", &label_of(d));
+        }
+        for d in self.y.decades() {
+            let (_, y) = self.px(1.0, d);
+            svg.line((x0, y), (x1, y), "#e4e4e4", 1.0);
+            svg.text((x0 - 6.0, y + 4.0), "end", 11, "black", &power_of(d));
+        }
+        svg.line((x0, y0), (x1, y0), "black", 1.0);
+        svg.line((x0, y0), (x0, y1), "black", 1.0);
+        svg.text((W / 2.0 - RIGHT / 2.0, 22.0), "middle", 15, "black", title);
+        svg.text(((x0 + x1) / 2.0, H - 12.0), "middle", 12, "black", x_label);
+        let mid = (y0 + y1) / 2.0;
+        let _ = writeln!(
+            svg.body,
+            r#"<text x="16" y="{mid:.1}" transform="rotate(-90 16 {mid:.1})" text-anchor="middle" font-family="sans-serif" font-size="12">{}</text>"#,
+            escape(y_label)
+        );
+    }
+}
+
 fn label_of(v: f64) -> String {
-    if v >= 1.0 {
-        format!("{v:.0}")
+    if v >= 1e6 {
+        format!("{}s", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{}ms", v / 1e3)
+    } else if v >= 1.0 {
+        format!("{v:.0}us")
     } else {
-        format!("{v}")
+        format!("{}ns", (v * 1e3).round())
     }
 }
 
-fn frame(svg: &mut Svg, title: &str, x_label: &str, y_label: &str) {
-    let (x0, y0, x1, y1) = (LEFT, H - BOTTOM, W - RIGHT, TOP);
-    svg.line(x0, y0, x1, y0, "black", 1.0);
-    svg.line(x0, y0, x0, y1, "black", 1.0);
-    svg.text(W / 2.0 - RIGHT / 2.0, 22.0, "middle", 15, title);
-    svg.text((x0 + x1) / 2.0, H - 12.0, "middle", 12, x_label);
-    let _ = writeln!(
-        svg.body,
-        r#"<text x="16" y="{:.1}" transform="rotate(-90 16 {:.1})" text-anchor="middle" font-family="sans-serif" font-size="12">{}</text>"#,
-        (y0 + y1) / 2.0,
-        (y0 + y1) / 2.0,
-        escape(y_label)
-    );
+fn power_of(v: f64) -> String {
+    format!("1e{}", v.log10().round() as i32)
 }
 
-fn x_axis(svg: &mut Svg, axis: &LogAxis) {
-    let (x0, y0, x1) = (LEFT, H - BOTTOM, W - RIGHT);
-    for d in axis.decades() {
-        let x = x0 + axis.frac(d) * (x1 - x0);
-        svg.line(x, y0, x, TOP, "#e0e0e0", 1.0);
-        svg.text(x, y0 + 16.0, "middle", 11, &label_of(d));
-    }
-}
-
-fn legend(svg: &mut Svg, series: &[Series]) {
+/// The legend, then the notes, each in its series' colour.
+fn legend(svg: &mut Svg, series: &[Series], notes: &[(String, &str)]) {
+    let x = W - RIGHT + 14.0;
+    let mut y = TOP + 10.0;
     for (i, s) in series.iter().enumerate() {
-        let y = TOP + 10.0 + i as f64 * 18.0;
-        let x = W - RIGHT + 14.0;
-        svg.line(x, y, x + 22.0, y, COLORS[i % COLORS.len()], 3.0);
-        svg.text(x + 28.0, y + 4.0, "start", 11, &s.label);
+        svg.line((x, y), (x + 22.0, y), color(i), 3.0);
+        svg.text((x + 28.0, y + 4.0), "start", 11, "black", &s.label);
+        y += 18.0;
+    }
+    y += 8.0;
+    for (n, c) in notes {
+        svg.text((x, y), "start", 10, c, n);
+        y += 14.0;
     }
 }
 
-fn x_range(series: &[Series]) -> LogAxis {
-    let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
-    let (min, max) = xs.fold((f64::MAX, 0.0f64), |(a, b), x| (a.min(x), b.max(x)));
+/// The latency range every series needs, its max and overflow included.
+fn x_axis(series: &[Series]) -> LogAxis {
+    let xs = series.iter().flat_map(|s| {
+        s.points
+            .iter()
+            .map(|p| p.0)
+            .chain(s.max())
+            .chain(s.overflow.map(|o| o.from_us))
+    });
+    let (min, max) = xs
+        .filter(|x| x.is_finite() && *x > 0.0)
+        .fold((f64::MAX, 0.0f64), |(a, b), x| (a.min(x), b.max(x)));
     if min > max {
         LogAxis::covering(0.1, 10.0)
     } else {
@@ -160,99 +282,162 @@ fn x_range(series: &[Series]) -> LogAxis {
     }
 }
 
-/// A histogram with log-scaled latency and count axes.
-pub fn histogram(title: &str, series: &[Series]) -> String {
+/// The complementary CDF: for each latency, the fraction of samples above it; log-log.
+pub fn ccdf(title: &str, series: &[Series]) -> String {
     let mut svg = Svg::default();
-    frame(
-        &mut svg,
-        title,
-        "latency (us, log scale)",
-        "count (log scale)",
-    );
-    let xa = x_range(series);
-    let max_count = series
+    let smallest = series
         .iter()
-        .flat_map(|s| s.points.iter().map(|p| p.1))
+        .map(Series::total)
+        .filter(|&t| t > 0)
         .max()
-        .unwrap_or(1);
-    let ya = LogAxis {
-        lo: 0.0,
-        hi: (max_count.max(10) as f64).log10().ceil(),
+        .map_or(1e-3, |t| 1.0 / t as f64);
+    let frame = Frame {
+        x: x_axis(series),
+        y: LogAxis::covering(smallest, 1.0),
     };
-    x_axis(&mut svg, &xa);
-    let (x0, y0, x1, y1) = (LEFT, H - BOTTOM, W - RIGHT, TOP);
-    for d in ya.decades() {
-        let y = y0 - ya.frac(d) * (y0 - y1);
-        svg.line(x0, y, x1, y, "#e0e0e0", 1.0);
-        svg.text(
-            x0 - 6.0,
-            y + 4.0,
-            "end",
-            11,
-            &format!("1e{}", d.log10() as i32),
-        );
-    }
-    for (i, s) in series.iter().enumerate() {
-        // Each bucket a point at its edge; zero counts are left out (log scale).
-        let pts: Vec<(f64, f64)> = s
-            .points
-            .iter()
-            .filter(|p| p.1 > 0)
-            .map(|&(x, c)| {
-                (
-                    x0 + xa.frac(x) * (x1 - x0),
-                    y0 - ya.frac(c as f64) * (y0 - y1),
-                )
-            })
-            .collect();
-        let color = COLORS[i % COLORS.len()];
-        svg.polyline(&pts, color);
-        // A marker on every bucket, so that lone spikes far out in the tail stay visible.
-        for &(x, y) in &pts {
-            svg.dot(x, y, color);
-        }
-    }
-    legend(&mut svg, series);
-    svg.finish()
-}
-
-/// The cumulative distribution, with a log latency axis.
-pub fn cdf(title: &str, series: &[Series]) -> String {
-    let mut svg = Svg::default();
-    frame(
+    frame.draw(
         &mut svg,
         title,
-        "latency (us, log scale)",
-        "fraction at or below",
+        "latency (log scale)",
+        "fraction of samples above (log scale)",
     );
-    let xa = x_range(series);
-    x_axis(&mut svg, &xa);
-    let (x0, y0, x1, y1) = (LEFT, H - BOTTOM, W - RIGHT, TOP);
-    for k in 0..=4 {
-        let f = k as f64 / 4.0;
-        let y = y0 - f * (y0 - y1);
-        svg.line(x0, y, x1, y, "#e0e0e0", 1.0);
-        svg.text(x0 - 6.0, y + 4.0, "end", 11, &format!("{f:.2}"));
-    }
+    let floor = 10f64.powf(frame.y.lo);
+    let mut notes = Vec::new();
     for (i, s) in series.iter().enumerate() {
-        let total: u64 = s.points.iter().map(|p| p.1).sum();
+        let total = s.total();
         if total == 0 {
             continue;
         }
-        let mut seen = 0u64;
-        let mut pts = Vec::with_capacity(s.points.len() * 2);
-        let mut prev_y = y0;
-        for &(x, c) in &s.points {
-            seen += c;
-            let px = x0 + xa.frac(x) * (x1 - x0);
-            let py = y0 - (seen as f64 / total as f64) * (y0 - y1);
-            pts.push((px, prev_y));
-            pts.push((px, py));
-            prev_y = py;
+        let c = color(i);
+        // Steps: up to each point the fraction above the one before; at the point, it drops.
+        let mut above = total;
+        let mut pts = Vec::with_capacity(2 * s.points.len() + 1);
+        let first_x = s.points.first().map_or(1.0, |p| p.0);
+        pts.push(frame.px(first_x, 1.0));
+        for &(x, n) in &s.points {
+            pts.push(frame.px(x, above as f64 / total as f64));
+            above -= n.min(above);
+            if above == 0 {
+                pts.push(frame.px(x, floor));
+                break;
+            }
+            pts.push(frame.px(x, above as f64 / total as f64));
         }
-        svg.polyline(&pts, COLORS[i % COLORS.len()]);
+        svg.polyline(&pts, c);
+        let max = s.max();
+        if let Some(o) = s.overflow.filter(|o| o.count > 0) {
+            // Only their count is known: a dashed line from where they start to the max.
+            let frac = o.count as f64 / total as f64;
+            let start = frame.px(o.from_us, frac);
+            let end = frame.px(max.unwrap_or(o.from_us).max(o.from_us), 1.0 / total as f64);
+            svg.dashed(start, end, c);
+            svg.dot(start, c);
+            notes.push((
+                format!("dashed: {} samples >= {}", o.count, label_of(o.from_us)),
+                c,
+            ));
+        }
+        if let Some(m) = max {
+            let tip = frame.px(m, 1.0 / total as f64);
+            svg.triangle(tip, c);
+            svg.text((tip.0, tip.1 - 12.0), "middle", 10, c, &label_of_value(m));
+        }
     }
-    legend(&mut svg, series);
+    notes.push(("triangle: the largest sample".to_string(), "#444"));
+    legend(&mut svg, series, &notes);
+    svg.finish()
+}
+
+/// A value as a marker's label: `4.06ms`, `850us`.
+fn label_of_value(us: f64) -> String {
+    if us >= 1e6 {
+        format!("{:.2}s", us / 1e6)
+    } else if us >= 1e3 {
+        format!("{:.2}ms", us / 1e3)
+    } else {
+        format!("{us:.0}us")
+    }
+}
+
+/// Counts over log-spaced bins ([`BINS_PER_DECADE`] per decade) of the latency axis, each
+/// non-empty bin drawn as a step; a gap where a bin is empty.
+pub fn histogram(title: &str, series: &[Series]) -> String {
+    let mut svg = Svg::default();
+    let xa = x_axis(series);
+    let n_bins = ((xa.hi - xa.lo) * BINS_PER_DECADE).round().max(1.0) as usize;
+    let bin_of = |x: f64| {
+        (((x.max(1e-300).log10() - xa.lo) * BINS_PER_DECADE)
+            .floor()
+            .max(0.0) as usize)
+            .min(n_bins - 1)
+    };
+    let edge = |b: usize| 10f64.powf(xa.lo + b as f64 / BINS_PER_DECADE);
+    let binned: Vec<Vec<u64>> = series
+        .iter()
+        .map(|s| {
+            let mut bins = vec![0u64; n_bins];
+            for &(x, n) in &s.points {
+                bins[bin_of(x)] += n;
+            }
+            bins
+        })
+        .collect();
+    let top = binned.iter().flatten().copied().max().unwrap_or(1).max(1);
+    // From half a count, so that a bin of one sits clearly above the axis.
+    let frame = Frame {
+        x: xa,
+        y: LogAxis {
+            lo: 0.5f64.log10(),
+            hi: (top as f64 * 2.0).log10().ceil(),
+        },
+    };
+    frame.draw(
+        &mut svg,
+        title,
+        "latency (log scale)",
+        &format!(
+            "count per bin ({} bins per decade, log scale)",
+            BINS_PER_DECADE
+        ),
+    );
+    let base = 0.5;
+    let mut notes = Vec::new();
+    for (i, (s, bins)) in series.iter().zip(&binned).enumerate() {
+        let c = color(i);
+        // Runs of non-empty bins, each drawn as one step outline from and to the baseline.
+        let mut b = 0;
+        while b < n_bins {
+            if bins[b] == 0 {
+                b += 1;
+                continue;
+            }
+            let mut pts = vec![frame.px(edge(b), base)];
+            while b < n_bins && bins[b] > 0 {
+                let y = bins[b] as f64;
+                pts.push(frame.px(edge(b), y));
+                pts.push(frame.px(edge(b + 1), y));
+                b += 1;
+            }
+            pts.push(frame.px(edge(b), base));
+            svg.polyline(&pts, c);
+        }
+        if let Some(o) = s.overflow.filter(|o| o.count > 0) {
+            let from = frame.px(o.from_us, o.count as f64);
+            let to = frame.px(s.max().unwrap_or(o.from_us).max(o.from_us), o.count as f64);
+            svg.dashed(from, to, c);
+            svg.dot(from, c);
+            notes.push((
+                format!("dashed: {} samples >= {}", o.count, label_of(o.from_us)),
+                c,
+            ));
+        }
+        if let Some(m) = s.max() {
+            let tip = frame.px(m, base);
+            svg.triangle((tip.0, tip.1 - 2.0), c);
+        }
+    }
+    notes.push(("triangle: the largest sample".to_string(), "#444"));
+    legend(&mut svg, series, &notes);
     svg.finish()
 }
 
@@ -260,25 +445,51 @@ pub fn cdf(title: &str, series: &[Series]) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn plots_are_svg_with_every_label_escaped() {
-        let s = vec![
-            Series {
-                label: "queue <lru>".into(),
-                points: vec![(0.1, 1000), (5.0, 10), (800.0, 1)],
-            },
+    fn two() -> Vec<Series> {
+        vec![
+            Series::exact("queue <lru>", vec![(0.1, 1000), (5.0, 10), (800.0, 1)]),
             Series {
                 label: "remote".into(),
                 points: vec![(0.1, 1000), (1.0, 3)],
+                overflow: Some(Overflow {
+                    from_us: 20.0,
+                    count: 2,
+                }),
+                max_us: Some(22_000.0),
             },
-        ];
-        for doc in [histogram("gaps", &s), cdf("gaps", &s)] {
+        ]
+    }
+
+    #[test]
+    fn plots_are_svg_with_every_label_escaped_and_the_tail_marked() {
+        let s = two();
+        for doc in [histogram("gaps", &s), ccdf("gaps", &s)] {
             assert!(doc.starts_with("<svg"));
             assert!(doc.trim_end().ends_with("</svg>"));
             assert!(doc.contains("queue &lt;lru&gt;"));
-            assert_eq!(doc.matches("<polyline").count(), 2);
+            // One max marker per series, and the overflow drawn dashed.
+            assert_eq!(doc.matches("<path").count(), 2);
+            assert_eq!(doc.matches("stroke-dasharray").count(), 1);
+            // The axis reaches the 22 ms max.
+            assert!(doc.contains(">100ms<"), "the x axis stops short");
         }
-        // Empty input still makes a document.
         assert!(histogram("x", &[]).contains("</svg>"));
+        assert!(ccdf("x", &[]).contains("</svg>"));
+    }
+
+    #[test]
+    fn histogram_leaves_a_gap_at_empty_bins() {
+        // Two non-empty bins decades apart: two separate steps, not one line joining them.
+        let s = vec![Series::exact("a", vec![(1.0, 5), (1000.0, 1)])];
+        let doc = histogram("x", &s);
+        assert_eq!(doc.matches("<polyline").count(), 2);
+    }
+
+    #[test]
+    fn huge_or_odd_values_keep_the_axis_bounded() {
+        let a = LogAxis::covering(1e-9, f64::INFINITY);
+        assert!(a.hi - a.lo <= MAX_DECADES);
+        let b = LogAxis::covering(f64::NAN, 5.0);
+        assert!(b.hi > b.lo);
     }
 }

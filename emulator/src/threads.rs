@@ -19,19 +19,24 @@ pub fn wait_for<T>(arrived: &AtomicUsize, n: usize, threads: &[JoinHandle<T>]) {
     }
 }
 
-/// Lets the threads measure for `duration`, redrawing `progress`, until the time is up, `stop`
-/// is set, SIGINT arrives, or `cut_short` says so; then sets `stop`, stops `phase` (the load)
-/// and clears the progress line. Returns whether SIGINT ended the window.
+/// Lets the threads measure for `duration` (`None`: until stopped), redrawing `progress`, until
+/// the time is up, `stop` is set, SIGINT arrives, or `cut_short` says so; then sets `stop`,
+/// stops `phase` (the load) and clears the progress line. Returns whether SIGINT ended the
+/// window.
+///
+/// Between checks the calling thread sleeps in [`crate::signals::wait`]: until the end, a
+/// signal, or a probe thread's wake-up, and only as often as the progress line is redrawn when
+/// there is one, so that a main thread sharing a measured CPU does not disturb it.
 pub fn measure_for(
-    duration: Duration,
+    duration: Option<Duration>,
     stop: &AtomicBool,
     cut_short: impl Fn() -> bool,
     progress: &Progress,
     phase: &Phase,
 ) -> bool {
-    let end = Instant::now() + duration;
+    let end = duration.and_then(|d| Instant::now().checked_add(d));
     let mut interrupted = false;
-    while Instant::now() < end && !stop.load(Ordering::SeqCst) {
+    while end.is_none_or(|e| Instant::now() < e) && !stop.load(Ordering::SeqCst) {
         if crate::rt::interrupted() {
             interrupted = true;
             break;
@@ -40,9 +45,14 @@ pub fn measure_for(
             break;
         }
         progress.tick();
-        std::thread::sleep(
-            Duration::from_millis(50).min(end.saturating_duration_since(Instant::now())),
-        );
+        let redraw = progress
+            .enabled()
+            .then(|| Instant::now() + Duration::from_millis(200));
+        let next = match (end, redraw) {
+            (Some(e), Some(r)) => Some(e.min(r)),
+            (e, r) => e.or(r),
+        };
+        crate::signals::wait(next);
     }
     stop.store(true, Ordering::SeqCst);
     phase.stop();

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use std::fmt::Write as _;
+
 use anyhow::Result;
 use qpw_core::CpuSet;
 
@@ -120,19 +122,29 @@ pub fn attribute_oslat(
     )
 }
 
-/// Prints the attribution of each traced CPU, `top` sources each, and the trace's health.
-pub fn print_attribution(fields: &TraceFields, top: usize, drains: Option<u64>) {
+/// Prints the attribution of each traced CPU, `top` sources each, and the trace's health;
+/// every line starts with `prefix` (`# qpw-emu ` after an rt-tests tool's own output).
+pub fn print_attribution(fields: &TraceFields, top: usize, drains: Option<u64>, prefix: &str) {
+    let mut out = String::new();
     for a in &fields.attribution {
-        trace::print_attribution(a, top);
+        trace::print_attribution(&mut out, a, top);
         let work: Vec<_> = fields
             .work
             .iter()
             .filter(|w| w.cpu == a.cpu)
             .cloned()
             .collect();
-        trace::print_work(&work, top, drains);
+        trace::print_work(&mut out, &work, top, drains);
     }
-    print_health(&fields.health);
+    health_line(&mut out, &fields.health);
+    emit(&out, prefix);
+}
+
+/// Prints `text` a line at a time, each after `prefix`.
+pub fn emit(text: &str, prefix: &str) {
+    for line in text.lines() {
+        println!("{prefix}{line}");
+    }
 }
 
 fn note_health(h: &TraceHealth, warnings: &mut Warnings, quiet: bool) {
@@ -154,8 +166,9 @@ fn note_health(h: &TraceHealth, warnings: &mut Warnings, quiet: bool) {
     }
 }
 
-fn print_health(h: &TraceHealth) {
-    println!(
+fn health_line(out: &mut String, h: &TraceHealth) {
+    let _ = writeln!(
+        out,
         "Trace: {} events read, {} lost, clock {}{}",
         h.events,
         h.lost_events,
@@ -208,7 +221,7 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
     let quiet = args.quiet;
     let start_time = rt::rt_timestamp();
     let mut warnings = Warnings::default();
-    rt::catch_sigint();
+    rt::catch_sigint(&mut warnings, quiet);
     let kernel = KernelInfo::read();
     if !quiet {
         for l in kernel.lines() {
@@ -243,11 +256,13 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
     let noise = traced.noise(probe, &conv);
     let health = traced.health();
     note_health(&health, &mut warnings, quiet);
+    let mut out = String::new();
     for n in &noise {
-        trace::print_noise(n, top);
-        trace::print_work(&traced.work_on(n.cpu, &conv), top, None);
+        trace::print_noise(&mut out, n, top);
+        trace::print_work(&mut out, &traced.work_on(n.cpu, &conv), top, None);
     }
-    print_health(&health);
+    health_line(&mut out, &health);
+    emit(&out, "");
     if let Some(path) = &args.json {
         let body = TraceBody {
             tool: "trace".to_string(),

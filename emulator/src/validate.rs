@@ -33,14 +33,17 @@ pub fn float_in(flag: &str, raw: &str, lo: f64, hi: f64) -> Result<f64> {
 /// The longest run accepted: a week.
 pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 
-/// A duration as rt-tests writes them: `10` (seconds), `30s`, `20m`, `2h`, `1d`; we also take
-/// `500ms` for short test runs. From 1 ms to a week.
+/// A duration as rt-tests writes them: `10` (seconds), `30s`, `20m`, `2h`, `1d`, the unit in
+/// either case; we also take `500ms` for short test runs. From 1 ms to a week.
 pub fn duration(flag: &str, raw: &str) -> Result<Duration> {
-    let bad = || {
-        anyhow!(
-            "{flag} {raw}: must be a duration of 1ms to 7d, written like 10, 30s, 500ms, 20m or 2h"
-        )
-    };
+    parse_duration(raw).map_err(|e| anyhow!("{flag} {raw}: {e}"))
+}
+
+/// [`duration`] without the flag: the message says only what a duration must be (clap's value
+/// parsers put the flag and the value in front).
+pub fn parse_duration(raw: &str) -> std::result::Result<Duration, String> {
+    let bad =
+        || "must be a duration of 1ms to 7d, written like 10, 30s, 500ms, 20m or 2h".to_string();
     let text = raw.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -65,9 +68,59 @@ pub fn duration(flag: &str, raw: &str) -> Result<Duration> {
     Ok(d)
 }
 
+/// The parent directory of an output file must exist before a run starts, so that a typo in
+/// `--json` costs nothing (`-` is stdout).
+pub fn output_file(flag: &str, path: &std::path::Path) -> Result<()> {
+    if path.as_os_str() == "-" {
+        return Ok(());
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(anyhow!(
+            "{flag} {}: the directory {} does not exist",
+            path.display(),
+            parent.display()
+        ));
+    }
+    if path.is_dir() {
+        return Err(anyhow!(
+            "{flag} {}: is a directory, not a file",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
 /// A CPU list (`1,3-5`) whose CPUs the process may all run on.
+///
+/// libnuma's forms, which the real tools take, are taken too: `all` (every allowed CPU),
+/// `!LIST` (the allowed CPUs but those), and `+LIST` (positions in the allowed set: `+0-1` is
+/// its first two CPUs).
 pub fn cpu_list(flag: &str, raw: &str, allowed: &CpuSet) -> Result<CpuSet> {
-    let set = CpuSet::parse(raw).map_err(|e| anyhow!("{flag} {raw}: {e}"))?;
+    let text = raw.trim();
+    let parse = |list: &str| CpuSet::parse(list).map_err(|e| anyhow!("{flag} {raw}: {e}"));
+    let set = if text == "all" {
+        allowed.clone()
+    } else if let Some(rest) = text.strip_prefix('!') {
+        allowed.difference(&parse(rest)?)
+    } else if let Some(rest) = text.strip_prefix('+') {
+        let positions = parse(rest)?;
+        let picked: Option<CpuSet> = positions
+            .iter()
+            .map(|i| allowed.as_slice().get(i).copied())
+            .collect();
+        picked.ok_or_else(|| {
+            anyhow!(
+                "{flag} {raw}: positions beyond the {} allowed CPUs ({allowed})",
+                allowed.len()
+            )
+        })?
+    } else {
+        parse(text)?
+    };
     if set.is_empty() {
         return Err(anyhow!(
             "{flag} {raw}: the list is empty; give CPUs from the allowed set {allowed}"

@@ -108,8 +108,8 @@ fn oslat_under_each_mode_reports_the_requester() {
         let v = run_json(
             dir.path(),
             &format!("{mode}.json"),
-            &format!("oslat -D 1 -q --workload counter --mode {mode}"),
-            "Requester",
+            &format!("oslat -c 1 -D 1 -q --workload counter --mode {mode}"),
+            "requester",
         );
         assert_eq!(v["mode"], mode);
         assert_eq!(v["workload"], "counter");
@@ -131,7 +131,7 @@ fn load_runs_for_its_duration_and_report_reads_results() {
         dir.path(),
         "load.json",
         "load -D 500ms -q --mode remote --workload counter",
-        "Requester",
+        "requester",
     );
     assert!(v.get("cmdline:").is_some());
     assert!(v["requester"]["drains"].as_u64().unwrap() > 0);
@@ -146,18 +146,22 @@ fn load_runs_for_its_duration_and_report_reads_results() {
         .success()
         .stdout(predicate::str::contains("p99.9"));
     assert!(dir.path().join("report-oslat-hist.svg").exists());
-    assert!(dir.path().join("report-oslat-cdf.svg").exists());
+    assert!(dir.path().join("report-oslat-ccdf.svg").exists());
 }
 
 /// Runs each case's command line (`qpw-emu` arguments split at spaces), expecting failure with
-/// `Error: ` and both of its needles in stderr.
+/// `Error: ` (our check) or clap's `error: invalid value` (a value parser's) and both of its
+/// needles in stderr.
 fn rejects_all(cases: &[(&str, [&str; 2])]) {
     for (line, needles) in cases {
         let args: Vec<&str> = line.split(' ').collect();
         let out = emu().args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?} should fail");
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.starts_with("Error: "), "{args:?}: {err}");
+        assert!(
+            err.starts_with("Error: ") || err.starts_with("error: invalid value"),
+            "{args:?}: {err}"
+        );
         for n in needles {
             assert!(err.contains(n), "{args:?}: `{n}` not in: {err}");
         }
@@ -167,19 +171,22 @@ fn rejects_all(cases: &[(&str, [&str; 2])]) {
 #[test]
 fn bad_oslat_values_name_the_flag_and_range() {
     rejects_all(&[
-        ("oslat -b 0", ["--bucket-size 0", "1-4096"]),
-        ("oslat -b x", ["--bucket-size x", "1-4096"]),
-        ("oslat -b 5000", ["--bucket-size 5000", "1-4096"]),
-        ("oslat -W 0", ["--bucket-width 0", "1-1000000"]),
-        ("oslat -f 0", ["--rtprio 0", "1-99"]),
-        ("oslat -f 100", ["--rtprio 100", "1-99"]),
-        ("oslat -T 0", ["--trace-threshold 0", "1-10000000"]),
-        ("oslat -D 0", ["--duration 0", "1ms to 7d"]),
-        ("oslat -D 10x", ["--duration 10x", "1ms to 7d"]),
-        ("oslat -D 8d", ["--duration 8d", "1ms to 7d"]),
+        ("oslat -b 0", ["'--bucket-size <N>'", "4-1024"]),
+        ("oslat -b x", ["'x'", "4-1024"]),
+        ("oslat -b 3", ["'3'", "4-1024"]),
+        ("oslat -b 1025", ["'1025'", "4-1024"]),
+        ("oslat -W 0", ["--bucket-width", "1-1000000"]),
+        ("oslat -f 0", ["--rtprio", "1-99"]),
+        ("oslat -f 100", ["'100'", "1-99"]),
+        ("oslat -T 0", ["--trace-threshold", "1-10000000"]),
+        ("oslat -D 0", ["--duration", "1ms to 7d"]),
+        ("oslat -D 10x", ["'10x'", "1ms to 7d"]),
+        ("oslat -D 8d", ["'8d'", "1ms to 7d"]),
+        ("oslat -m 5Q", ["--workload-mem", "4K, 1M or 1G"]),
         ("oslat -c 1-", ["--cpu-list 1-", "0,2-5"]),
         ("oslat -c 4000", ["--cpu-list 4000", "0 to 1023"]),
         ("oslat -c 1023", ["--cpu-list 1023", "allowed set"]),
+        ("oslat -C 999", ["--cpu-main-thread 999", "allowed set"]),
         ("oslat --drain-rate -1", ["--drain-rate -1", "0-100000"]),
         ("oslat --drain-rate abc", ["--drain-rate abc", "0-100000"]),
         (
@@ -197,22 +204,38 @@ fn bad_oslat_values_name_the_flag_and_range() {
             "oslat --requester-cpu 999",
             ["--requester-cpu 999", "allowed set"],
         ),
+        // A load needs a CPU that is not measured, and oslat measures all by default.
+        (
+            "oslat --mode queue",
+            ["no CPU is left for the requester", "measured"],
+        ),
     ]);
 }
 
 #[test]
 fn bad_cyclictest_values_name_the_flag_and_range() {
     rejects_all(&[
-        ("cyclictest -t 0", ["--threads 0", "1-1024"]),
-        ("cyclictest -p 100", ["--priority 100", "0-99"]),
-        ("cyclictest -i 5", ["--interval 5", "10-1000000"]),
-        ("cyclictest -h 0", ["--histogram 0", "1-1000000"]),
-        ("cyclictest -b 0", ["--breaktrace 0", "1-10000000"]),
-        ("cyclictest -D 2y", ["--duration 2y", "1ms to 7d"]),
+        ("cyclictest -t 0", ["--threads", "1-4096"]),
+        ("cyclictest -p 100", ["--priority", "0-99"]),
+        ("cyclictest -i 0", ["--interval", "1-10000000"]),
+        ("cyclictest -h 0", ["--histogram", "1-4294967295"]),
+        ("cyclictest -c 2", ["--clock", "0-1"]),
+        ("cyclictest -D 2y", ["--duration", "1ms to 7d"]),
         ("cyclictest -a x", ["--affinity x", "not a CPU number"]),
+        (
+            "cyclictest --policy deadline",
+            ["--policy deadline", "fifo, rr"],
+        ),
+        ("cyclictest -o 2", ["-o/--oscope", "-v"]),
+        ("cyclictest -A --secaligned", ["--secaligned", "not both"]),
+        ("cyclictest --smi", ["--smi: not supported", "MSR"]),
         (
             "cyclictest --drain-rate 1e9",
             ["--drain-rate 1e9", "0-100000"],
+        ),
+        (
+            "cyclictest --json /nonexistent/dir/x.json",
+            ["/nonexistent/dir", "does not exist"],
         ),
     ]);
 }

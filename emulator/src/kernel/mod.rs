@@ -33,8 +33,7 @@ use std::thread::JoinHandle;
 use anyhow::{anyhow, bail, Context as _, Result};
 
 use crate::clock::monotonic_ns;
-use crate::hist::Histogram;
-use crate::load::{Phase, RequesterReport};
+use crate::load::{DrainTimes, Phase, RequesterReport};
 
 /// One of the kernel's drains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -394,16 +393,13 @@ pub fn filler_main(cpu: usize) -> Result<()> {
 /// The kernel drain load: the requester thread, with the filler and the cgroup it needs.
 #[derive(Debug)]
 pub struct KernelLoad {
-    requester: Option<JoinHandle<Result<(RequesterReport, Histogram)>>>,
+    requester: Option<JoinHandle<Result<(RequesterReport, DrainTimes)>>>,
     /// Dropped after the requester has stopped: the filler first, then its cgroup.
     _filler_and_cgroup: Arc<std::sync::Mutex<(Option<Filler>, Option<MemCgroup>)>>,
 }
 
 /// The pause between a fill and the trigger.
 const FILL_TO_TRIGGER: std::time::Duration = std::time::Duration::from_millis(1);
-
-/// Requester drain-time histogram: 1 us buckets up to 10 ms, exact past that.
-const BUCKETS: usize = 10_000;
 
 impl KernelLoad {
     /// Sets up `drain` (cgroup and filler on `target`) and starts the requester on
@@ -446,7 +442,7 @@ impl KernelLoad {
     }
 
     /// Waits for the requester (after the phase was stopped) and tears down.
-    pub fn finish(mut self) -> Result<Option<(RequesterReport, Histogram)>> {
+    pub fn finish(mut self) -> Result<Option<(RequesterReport, DrainTimes)>> {
         self.requester
             .take()
             .map(|h| {
@@ -463,10 +459,10 @@ fn requester(
     rate_hz: f64,
     shared: &std::sync::Mutex<(Option<Filler>, Option<MemCgroup>)>,
     phase: &Phase,
-) -> Result<(RequesterReport, Histogram)> {
+) -> Result<(RequesterReport, DrainTimes)> {
     qpw_core::pin_current_thread(cpu)
         .with_context(|| format!("cannot pin the requester to cpu {cpu}"))?;
-    let mut hist = Histogram::new(BUCKETS, 1000);
+    let mut hist = DrainTimes::new();
     let mut report = RequesterReport {
         cpu,
         rate_hz,

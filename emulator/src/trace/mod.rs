@@ -21,6 +21,7 @@ pub mod timeline;
 pub mod tracefs;
 
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use anyhow::Result;
 use qpw_core::CpuSet;
@@ -262,13 +263,15 @@ impl Traced {
     }
 }
 
-/// Prints the work items run on a CPU, `top` functions; `per` divides runs (drains), if any.
-pub fn print_work(work: &[WorkFigures], top: usize, drains: Option<u64>) {
+/// Writes the work items run on a CPU, `top` functions, with runs per drain when `drains`
+/// is known.
+pub fn print_work(out: &mut String, work: &[WorkFigures], top: usize, drains: Option<u64>) {
     let Some(first) = work.first() else {
         return;
     };
-    println!("Work items run on cpu {} (kworkers):", first.cpu);
-    println!(
+    let _ = writeln!(out, "Work items run on cpu {} (kworkers):", first.cpu);
+    let _ = writeln!(
+        out,
         "  {:<40} {:>8} {:>10} {:>10} {:>10} {:>10}",
         "function", "runs", "per drain", "p50 us", "p99 us", "max us"
     );
@@ -276,7 +279,8 @@ pub fn print_work(work: &[WorkFigures], top: usize, drains: Option<u64>) {
         let per = drains.filter(|&d| d > 0).map_or("-".to_string(), |d| {
             format!("{:.2}", w.runs as f64 / d as f64)
         });
-        println!(
+        let _ = writeln!(
+            out,
             "  {:<40} {:>8} {:>10} {:>10.1} {:>10.1} {:>10.1}",
             w.function, w.runs, per, w.p50_us, w.p99_us, w.max_us
         );
@@ -326,9 +330,10 @@ impl Traced {
     }
 }
 
-/// Prints one CPU's attributed gaps, osnoise-style: by class, then the top sources.
-pub fn print_attribution(a: &GapAttribution, top: usize) {
-    println!(
+/// Writes one CPU's attributed gaps, osnoise-style: by class, then the top sources.
+pub fn print_attribution(out: &mut String, a: &GapAttribution, top: usize) {
+    let _ = writeln!(
+        out,
         "Attribution, cpu {} (probe tid {}): {} gaps >= {:.1} us{}",
         a.cpu,
         a.probe_tid,
@@ -340,41 +345,44 @@ pub fn print_attribution(a: &GapAttribution, top: usize) {
             String::new()
         }
     );
-    print_classes(&a.by_class);
-    print_top(&a.top, top);
+    print_classes(out, &a.by_class);
+    print_top(out, &a.top, top);
 }
 
-/// Prints one CPU's noise.
-pub fn print_noise(n: &CpuNoise, top: usize) {
-    println!(
+/// Writes one CPU's noise.
+pub fn print_noise(out: &mut String, n: &CpuNoise, top: usize) {
+    let _ = writeln!(
+        out,
         "Noise on cpu {} over {:.3} s (everything but tid {}):",
         n.cpu,
         n.seconds,
         n.main_tid.map_or("-".to_string(), |t| t.to_string())
     );
-    print_classes(&n.by_class);
-    print_top(&n.top, top);
+    print_classes(out, &n.by_class);
+    print_top(out, &n.top, top);
 }
 
-fn print_classes(by_class: &BTreeMap<String, ClassFigures>) {
-    println!("  {:<12} {:>10} {:>14}", "class", "count", "total us");
+fn print_classes(out: &mut String, by_class: &BTreeMap<String, ClassFigures>) {
+    let _ = writeln!(out, "  {:<12} {:>10} {:>14}", "class", "count", "total us");
     for (class, f) in by_class {
-        println!("  {class:<12} {:>10} {:>14.1}", f.count, f.total_us);
+        let _ = writeln!(out, "  {class:<12} {:>10} {:>14.1}", f.count, f.total_us);
     }
 }
 
-fn print_top(top: &[SourceFigures], n: usize) {
-    println!(
+fn print_top(out: &mut String, top: &[SourceFigures], n: usize) {
+    let _ = writeln!(
+        out,
         "  {:<44} {:<11} {:>8} {:>12} {:>10}",
         "source", "class", "count", "total us", "max us"
     );
     for s in top.iter().take(n) {
-        println!(
+        let _ = writeln!(
+            out,
             "  {:<44} {:<11} {:>8} {:>12.1} {:>10.1}",
             s.source, s.class, s.count, s.total_us, s.max_us
         );
     }
     if top.len() > n {
-        println!("  ... {} more sources", top.len() - n);
+        let _ = writeln!(out, "  ... {} more sources", top.len() - n);
     }
 }

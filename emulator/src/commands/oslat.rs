@@ -1,0 +1,353 @@
+//! `qpw-emu oslat`: rt-tests 2.4's `oslat`, flag for flag and line for line, with our drain
+//! load and our figures after its output.
+//!
+//! What oslat prints, in order: `oslat V 2.40`; unless `-q`, its settings
+//! (`dump_globals()`), `Pre-heat for 1 seconds...` and `Test starts...`; `Global bias set to`
+//! with `-B`; unless `-q`, `Test completed.` and a blank line; then the summary
+//! (`write_summary()`): one column per CPU, every bucket (or the non-zero ones with `-z`),
+//! minimum, average, maximum, max-min and duration, and a blank line. Ours come after, on lines
+//! of their own that start with `# qpw-emu`.
+//!
+//! `-T` ends the run as oslat does: its message on stderr, exit status 1, no summary, no JSON.
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::{print_requester, qpw_fields, Cpus, Exit, ProbeLoad};
+use crate::cli::OslatArgs;
+use crate::clock::Calibration;
+use crate::json::{self, Micros, Settings, RT_TESTS_VERSION};
+use crate::oslat::{self, OslatConfig, OslatRun, OslatThread};
+use crate::rt::{self, TraceMarker, Warnings};
+use crate::validate;
+
+/// oslat's default memmove buffer: 16 KiB per thread (`WORKLOAD_MEM_SIZE`).
+const WORKLOAD_MEM: u64 = 16 << 10;
+
+/// oslat's busy-loop workloads (`-w`), apart from our drain workloads on the same flag.
+const LOOP_WORKLOADS: [&str; 2] = ["no", "memmove"];
+
+pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
+    if args.version {
+        println!("oslat V {RT_TESTS_VERSION}");
+        println!("# qpw-emu {}", env!("CARGO_PKG_VERSION"));
+        return Ok(());
+    }
+    let cpus = Cpus::read()?;
+    let measured = match &args.cpu_list {
+        Some(list) => validate::cpu_list("--cpu-list", list, &cpus.allowed)?,
+        None => cpus.allowed.clone(),
+    };
+    let main_cpu = match &args.cpu_main_thread {
+        Some(raw) => Some(validate::cpu("--cpu-main-thread", raw, &cpus.allowed)?),
+        // oslat's default: cpu 0 (when the process may run there).
+        None => cpus.allowed.contains(0).then_some(0),
+    };
+    // `-w no|memmove` is oslat's; any other name is one of our drain workloads.
+    let mut drain = args.drain.clone();
+    let memmove = match drain.workload.as_deref() {
+        Some(w) if LOOP_WORKLOADS.contains(&w) => {
+            let on = w == "memmove";
+            drain.workload = None;
+            on
+        }
+        _ => false,
+    };
+    let spec = super::resolve_drain(&drain, &cpus, &measured, false)?;
+    if let Some(path) = &args.json {
+        validate::output_file("--json", path)?;
+    }
+    let trace_us = args
+        .trace
+        .as_deref()
+        .map(crate::trace_cmd::threshold_us)
+        .transpose()?;
+    if trace_us.is_some() {
+        crate::trace::tracefs::preflight()?;
+    }
+    let rtprio = args.rtprio.map(|p| p as i32);
+    let duration = args.duration;
+    let quiet = args.quiet;
+    let mem = args.workload_mem.unwrap_or(WORKLOAD_MEM);
+
+    let start_time = rt::rt_timestamp();
+    let mut warnings = Warnings::default();
+    let _rt = rt::prepare(true, &mut warnings, quiet);
+    rt::check_isolation(&measured, &mut warnings, quiet);
+    let mut marker = args
+        .trace_threshold
+        .map(|_| TraceMarker::open(&mut warnings, quiet));
+    rt::catch_sigint(&mut warnings, quiet);
+    let calibration = Calibration::measure();
+
+    println!("oslat V {RT_TESTS_VERSION}");
+    if measured.contains(0) && rtprio.is_some() {
+        println!("WARNING: Running SCHED_FIFO workload on CPU 0 may hang the thread");
+    }
+    let preheat_cores = if args.single_preheat {
+        1
+    } else {
+        measured.len()
+    };
+    if !quiet {
+        let secs = duration.as_secs_f64();
+        if duration.subsec_nanos() == 0 {
+            println!("Total runtime: \t\t{} seconds", duration.as_secs());
+        } else {
+            println!("Total runtime: \t\t{secs:.3} seconds");
+        }
+        println!(
+            "Thread priority: \t{}",
+            rtprio.map_or("default".to_string(), |p| format!("SCHED_FIFO:{p}"))
+        );
+        println!(
+            "CPU list: \t\t{}",
+            args.cpu_list.as_deref().unwrap_or("all")
+        );
+        println!("CPU for main thread: \t{}", main_cpu.unwrap_or(0));
+        println!("Workload: \t\t{}", if memmove { "memmove" } else { "no" });
+        println!(
+            "Workload mem: \t\t{} (KiB)",
+            if memmove { mem / 1024 } else { 0 }
+        );
+        println!("Preheat cores: \t\t{preheat_cores}");
+        println!();
+        println!("Pre-heat for 1 seconds...");
+    }
+
+    let tracing = trace_us
+        .map(|_| crate::trace_cmd::start_for_probe(&measured, &cpus, true))
+        .transpose()?;
+    let load = ProbeLoad::start(spec.as_ref())?;
+    let cfg = OslatConfig {
+        cpus: measured.clone(),
+        duration,
+        warmup: Duration::from_secs(1),
+        single_preheat: args.single_preheat,
+        bias: args.bias,
+        memmove_bytes: memmove.then_some(mem as usize),
+        main_cpus: main_cpu.map(|c| qpw_core::CpuSet::from_iter([c])),
+        bucket_size: args.bucket_size as usize,
+        bucket_width_ns: args.bucket_width,
+        rtprio,
+        // oslat stops at a gap whose rounded-up microseconds reach -T: floor(us) >= T - 1.
+        trace_threshold_ns: args.trace_threshold.map(|us| (us - 1) * 1000),
+        local_op: load.local_op(),
+        quiet,
+        label: "oslat".to_string(),
+        progress_span: None,
+        gap_log_ns: trace_us.map(|us| (us * 1000.0) as u64),
+    };
+    let run = oslat::run(&cfg, calibration, &load.phase);
+    let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), &mut warnings, quiet)?;
+    let traced = match (tracing, trace_us) {
+        (Some(session), Some(us)) => Some(crate::trace_cmd::attribute_oslat(
+            session,
+            &run,
+            us,
+            &mut warnings,
+            quiet,
+        )?),
+        _ => None,
+    };
+    if let Some((cpu, us)) = run.threshold_hit {
+        let app = std::env::args().next().unwrap_or_else(|| "oslat".into());
+        let app = if super::called_as_tool(&app) {
+            app
+        } else {
+            format!("{app} oslat")
+        };
+        let threshold = args.trace_threshold.unwrap_or(0);
+        let line = format!(
+            "{app}: Trace threshold ({threshold} us) triggered on cpu {cpu} with {us} us!\n\
+             Stopping the test.\n"
+        );
+        if let Some(m) = &mut marker {
+            m.mark(&line);
+        }
+        eprint!("{line}");
+        return Err(Exit(1).into());
+    }
+    if let Some(bias) = run.bias_ns {
+        println!("Global bias set to {} (us)", bias / 1000);
+    }
+    if !quiet {
+        println!("Test starts...");
+        println!("Test completed.");
+        println!();
+    }
+    print_summary(&run, args.zero_omit);
+    print_extras(&run, &cfg);
+    if let Some(s) = &spec {
+        println!(
+            "# qpw-emu load: {} mode, workload {}, {} drains/s from cpu {}, load on {}",
+            s.mode, s.workload, s.drain_rate_hz, s.requester_cpu, s.load_cpus
+        );
+    }
+    if let Some(o) = &load.outcome {
+        print_requester(o);
+    }
+    if let Some(t) = &traced {
+        let drains = load
+            .outcome
+            .as_ref()
+            .and_then(|o| o.requester.as_ref())
+            .map(|r| r.drains);
+        crate::trace_cmd::emit(&t.kernel.lines().join("\n"), "# qpw-emu ");
+        crate::trace_cmd::print_attribution(t, 12, drains, "# qpw-emu ");
+    } else if spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()) {
+        let info = crate::kernel::info::KernelInfo::read();
+        crate::trace_cmd::emit(&info.lines().join("\n"), "# qpw-emu ");
+    }
+    if run.interrupted {
+        println!(
+            "# qpw-emu: interrupted (SIGINT) after {:.3} s of {:.3} s",
+            run.threads.first().map_or(0.0, |t| t.duration_s),
+            duration.as_secs_f64()
+        );
+    }
+    if let Some(path) = &args.json {
+        let settings = Settings {
+            bucket_width_ns: args.bucket_width,
+            bucket_size: cfg.bucket_size,
+            duration_s: duration.as_secs_f64(),
+            rtprio,
+            local_op_every_us: None,
+            interval_us: None,
+        };
+        let mut fields = qpw_fields(
+            "oslat",
+            spec.as_ref(),
+            &load,
+            run.figures(),
+            settings,
+            &warnings,
+            run.interrupted,
+        );
+        fields.trace = traced;
+        json::write(path, &super::oslat_json(&run, start_time, fields))?;
+    }
+    Ok(())
+}
+
+/// oslat's rounding of a gap for `min` and `max`, as printed.
+fn micros_text(m: Micros) -> String {
+    match m {
+        Micros::Whole(v) => v.to_string(),
+        Micros::Frac(v) => format!("{v:.3}"),
+    }
+}
+
+/// Prints oslat's summary (`write_summary()`): one column per CPU.
+fn print_summary(run: &OslatRun, zero_omit: bool) {
+    let field = |label: &str, values: Vec<String>, end: &str| {
+        let cells: String = values.iter().map(|v| format!(" {v}")).collect();
+        println!("{label:>12}:\t{cells}{end}");
+    };
+    let ts = &run.threads;
+    field("Core", ts.iter().map(|t| t.cpu.to_string()).collect(), "");
+    field(
+        "Counter Freq",
+        ts.iter()
+            .map(|_| run.calibration.mhz().to_string())
+            .collect(),
+        " (Mhz)",
+    );
+    let Some(first) = ts.first() else {
+        println!();
+        return;
+    };
+    let (n, w, origin) = (
+        first.hist.buckets(),
+        first.hist.width_ns(),
+        first.hist.origin_ns(),
+    );
+    let count = |t: &OslatThread, j: usize| {
+        let c = t.hist.counts()[j];
+        if j == n - 1 {
+            c + t.hist.overflow()
+        } else {
+            c
+        }
+    };
+    let mut dots = false;
+    for j in 0..n {
+        if zero_omit && j < n - 1 && ts.iter().all(|t| count(t, j) == 0) {
+            dots = true;
+            continue;
+        }
+        if dots {
+            println!("    ...");
+            dots = false;
+        }
+        let edge = origin + (j as u64 + 1) * w;
+        let label = if w % 1000 == 0 && origin % 1000 == 0 {
+            format!("{:03} (us)", edge / 1000)
+        } else {
+            format!("{:07.3} (us)", edge as f64 / 1000.0)
+        };
+        field(
+            &label,
+            ts.iter().map(|t| count(t, j).to_string()).collect(),
+            if j == n - 1 {
+                " (including overflows)"
+            } else {
+                ""
+            },
+        );
+    }
+    let min = |t: &OslatThread| super::oslat_micros(t.hist.min_ns(), w);
+    let max = |t: &OslatThread| super::oslat_micros(t.hist.max_ns(), w);
+    field(
+        "Minimum",
+        ts.iter().map(|t| micros_text(min(t))).collect(),
+        " (us)",
+    );
+    field(
+        "Average",
+        ts.iter()
+            .map(|t| format!("{:.3}", t.hist.bucket_mean_ns() / 1000.0))
+            .collect(),
+        " (us)",
+    );
+    field(
+        "Maximum",
+        ts.iter().map(|t| micros_text(max(t))).collect(),
+        " (us)",
+    );
+    field(
+        "Max-Min",
+        ts.iter()
+            .map(|t| match (max(t), min(t)) {
+                (Micros::Whole(a), Micros::Whole(b)) => (a - b).to_string(),
+                (a, b) => format!("{:.3}", a.value() - b.value()),
+            })
+            .collect(),
+        " (us)",
+    );
+    field(
+        "Duration",
+        ts.iter().map(|t| format!("{:.3}", t.duration_s)).collect(),
+        " (sec)",
+    );
+    println!();
+}
+
+/// Our figures, after oslat's: exact percentiles per CPU.
+fn print_extras(run: &OslatRun, cfg: &OslatConfig) {
+    for t in &run.threads {
+        println!(
+            "# qpw-emu cpu {}: {}; exact avg {:.3} us; {} gaps past the last bucket{}",
+            t.cpu,
+            t.hist.percentiles_us(),
+            t.hist.mean_ns() / 1000.0,
+            t.hist.overflow(),
+            if cfg.local_op.is_some() {
+                format!("; {} local ops", t.local_ops)
+            } else {
+                String::new()
+            }
+        );
+    }
+}

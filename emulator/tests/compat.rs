@@ -1,0 +1,642 @@
+//! One compatibility test per flag of rt-tests 2.4's `oslat --help` and `cyclictest --help`
+//! (recorded in `tests/fixtures/rt-tests-2.4/*-help.txt`): each flag is parsed, and applied
+//! with an effect the test can see, or refused with a message that says why. A last test per
+//! tool checks that every flag of the real help has its test here.
+//!
+//! Runs are short (`-D 100ms`, `-l 50`); oslat adds its one-second pre-heat to each.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+/// A finished run.
+struct Out {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    json: Option<Value>,
+    dir: tempfile::TempDir,
+}
+
+impl Out {
+    fn ok(&self) -> &Self {
+        assert_eq!(self.code, Some(0), "stderr: {}", self.stderr);
+        self
+    }
+
+    fn has(&self, needle: &str) -> &Self {
+        assert!(
+            self.stdout.contains(needle),
+            "`{needle}` not in stdout:\n{}",
+            self.stdout
+        );
+        self
+    }
+
+    fn lacks(&self, needle: &str) -> &Self {
+        assert!(
+            !self.stdout.contains(needle),
+            "`{needle}` in stdout:\n{}",
+            self.stdout
+        );
+        self
+    }
+
+    fn refused(&self, needle: &str) -> &Self {
+        assert_ne!(self.code, Some(0), "should be refused");
+        assert!(self.stderr.contains(needle), "{}", self.stderr);
+        self
+    }
+
+    fn json(&self) -> &Value {
+        self.json.as_ref().expect("the run wrote its JSON")
+    }
+
+    fn thread(&self, i: usize) -> &Value {
+        &self.json()["thread"][i.to_string()]
+    }
+
+    /// The `T:` lines.
+    fn t_lines(&self) -> Vec<&str> {
+        self.stdout
+            .lines()
+            .filter(|l| l.starts_with("T:"))
+            .collect()
+    }
+}
+
+/// Runs `qpw-emu` with `line` split at spaces; `{dir}` becomes a fresh directory, and
+/// `--json={dir}/out.json` is read back when present.
+fn run(line: &str) -> Out {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let args: Vec<String> = line.split(' ').map(|a| a.replace("{dir}", &d)).collect();
+    let o = Command::cargo_bin("qpw-emu")
+        .expect("the qpw-emu binary is built")
+        .args(&args)
+        .timeout(std::time::Duration::from_secs(60))
+        .output()
+        .expect("qpw-emu runs");
+    let json_path = dir.path().join("out.json");
+    let json = std::fs::read_to_string(&json_path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    Out {
+        code: o.status.code(),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        json,
+        dir,
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/rt-tests-2.4")
+        .join(name)
+}
+
+/// The flags a help text lists (`-b`, `--bucket-size`, ...): those in its option column (the
+/// first 27 columns, tabs expanded), not the ones its descriptions mention.
+fn help_flags(name: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(fixture(name)).unwrap();
+    let re = regex_lite::Regex::new(r"(?:^|[\s,\[])(--?[A-Za-z][A-Za-z_-]*)").unwrap();
+    let mut flags = Vec::new();
+    for line in text.lines() {
+        let mut col = String::new();
+        for c in line.chars() {
+            if c == '\t' {
+                col.push_str(&" ".repeat(8 - col.len() % 8));
+            } else {
+                col.push(c);
+            }
+        }
+        let head: String = col.chars().take(27).collect();
+        for c in re.captures_iter(&head) {
+            flags.push(c[1].to_string());
+        }
+    }
+    flags.sort();
+    flags.dedup();
+    flags
+}
+
+fn assert_all_covered(help: &str, tool: &str) {
+    let source =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/compat.rs"))
+            .unwrap();
+    let marker = format!("// {tool} flag:");
+    let named: Vec<&str> = source
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(marker.as_str()))
+        .flat_map(str::split_whitespace)
+        .collect();
+    let flags = help_flags(help);
+    assert!(flags.len() >= 14, "the help lists {flags:?}");
+    for f in flags {
+        assert!(
+            named.contains(&f.as_str()),
+            "no compatibility test for {tool} {f}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------- oslat
+
+#[test]
+fn oslat_every_help_flag_has_a_test() {
+    assert_all_covered("oslat-help.txt", "oslat");
+}
+
+#[test]
+fn oslat_bucket_size() {
+    // oslat flag: -b --bucket-size (4-1024, as oslat's help says)
+    run("oslat -c 1 -D 100ms -q -b 4")
+        .ok()
+        .has("004 (us):")
+        .lacks("005 (us):");
+    run("oslat -c 1 -D 100ms -q --bucket-size 1024")
+        .ok()
+        .has("1024 (us):");
+    run("oslat -b 1025").refused("4-1024");
+}
+
+#[test]
+fn oslat_bias() {
+    // oslat flag: -B --bias
+    let o = run("oslat -c 1 -D 100ms -q -B");
+    o.ok().has("Global bias set to ");
+}
+
+#[test]
+fn oslat_cpu_list() {
+    // oslat flag: -c --cpu-list (default: all CPUs)
+    run("oslat -c 1 -D 100ms -q")
+        .ok()
+        .has("        Core:\t 1\n");
+    let all = run("oslat -D 100ms -q");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let core = all
+        .ok()
+        .stdout
+        .lines()
+        .find(|l| l.contains("Core:"))
+        .unwrap()
+        .to_string();
+    assert_eq!(core.split_whitespace().count() - 1, cpus, "{core}");
+}
+
+#[test]
+fn oslat_cpu_main_thread() {
+    // oslat flag: -C --cpu-main-thread
+    run("oslat -c 1 -D 100ms -C 0")
+        .ok()
+        .has("CPU for main thread: \t0\n");
+    run("oslat -C 4095").refused("--cpu-main-thread 4095");
+}
+
+#[test]
+fn oslat_duration() {
+    // oslat flag: -D --duration (default 1 s, as oslat)
+    let o = run("oslat -c 1 -D 300ms -q --json={dir}/out.json");
+    let d = o.ok().thread(0)["duration"].as_f64().unwrap();
+    assert!((0.2..0.6).contains(&d), "{d}");
+    run("oslat -c 1").ok().has("Total runtime: \t\t1 seconds");
+}
+
+#[test]
+fn oslat_json() {
+    // oslat flag: --json
+    let o = run("oslat -c 1 -D 100ms -q --json={dir}/out.json");
+    assert_eq!(o.ok().json()["rt_test_version:"], "2.40");
+    run("oslat -c 1 -D 100ms --json=/nonexistent/x.json").refused("does not exist");
+}
+
+#[test]
+fn oslat_rtprio() {
+    // oslat flag: -f --rtprio
+    run("oslat -c 1 -D 100ms -f 10")
+        .ok()
+        .has("Thread priority: \tSCHED_FIFO:10");
+    run("oslat -f 0").refused("1-99");
+}
+
+#[test]
+fn oslat_workload_and_its_memory() {
+    // oslat flag: -w --workload (no, memmove; ours otherwise)
+    // oslat flag: -m --workload-mem
+    run("oslat -c 1 -D 100ms -w memmove -m 4K")
+        .ok()
+        .has("Workload: \t\tmemmove\n")
+        .has("Workload mem: \t\t4 (KiB)\n");
+    run("oslat -c 1 -D 100ms --workload no")
+        .ok()
+        .has("Workload: \t\tno\n");
+    run("oslat -m 3X").refused("4K");
+}
+
+#[test]
+fn oslat_quiet() {
+    // oslat flag: -q --quiet
+    run("oslat -c 1 -D 100ms -q")
+        .ok()
+        .has("oslat V 2.40\n")
+        .lacks("Pre-heat")
+        .lacks("Total runtime");
+}
+
+#[test]
+fn oslat_single_preheat() {
+    // oslat flag: -s --single-preheat
+    run("oslat -D 100ms -s").ok().has("Preheat cores: \t\t1\n");
+}
+
+#[test]
+fn oslat_trace_threshold() {
+    // oslat flag: -T --trace-threshold
+    let o = run("oslat -c 1 -D 5 -T 1 -q");
+    assert_eq!(o.code, Some(1));
+    assert!(
+        o.stderr
+            .contains("Trace threshold (1 us) triggered on cpu 1"),
+        "{}",
+        o.stderr
+    );
+    o.lacks("Maximum:");
+}
+
+#[test]
+fn oslat_version() {
+    // oslat flag: -v --version
+    run("oslat -v").ok().has("oslat V 2.40\n").lacks("Core:");
+}
+
+#[test]
+fn oslat_zero_omit() {
+    // oslat flag: -z --zero-omit
+    run("oslat -c 1 -D 100ms -q -z -b 1024")
+        .ok()
+        .has("    ...\n");
+}
+
+#[test]
+fn oslat_help() {
+    // oslat flag: -h --help
+    run("oslat -h").ok().has("--bucket-size");
+}
+
+// ---------------------------------------------------------------- cyclictest
+
+#[test]
+fn cyclictest_every_help_flag_has_a_test() {
+    assert_all_covered("cyclictest-help.txt", "cyclictest");
+}
+
+#[test]
+fn cyclictest_affinity() {
+    // cyclictest flag: -a --affinity ([CPUSET]: round robin; without: all CPUs)
+    let o = run("cyclictest -l 20 -q -a 1 -t 2 --json={dir}/out.json");
+    o.ok();
+    assert_eq!(o.thread(0)["cpu"], 1);
+    assert_eq!(o.thread(1)["cpu"], 1);
+    // `-a -t`: -a takes no value from the next flag.
+    let o = run("cyclictest -l 20 -q -a -t --json={dir}/out.json");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(o.ok().json()["num_threads"], cpus);
+}
+
+#[test]
+fn cyclictest_aligned() {
+    // cyclictest flag: -A --aligned
+    let o = run("cyclictest -l 20 -q -t 2 -A 100");
+    assert_eq!(o.ok().t_lines().len(), 2);
+}
+
+#[test]
+fn cyclictest_breaktrace() {
+    // cyclictest flag: -b --breaktrace
+    run("cyclictest -q -D 5 -b 1")
+        .ok()
+        .has("# Thread Ids:")
+        .has("# Break value: ");
+}
+
+#[test]
+fn cyclictest_clock() {
+    // cyclictest flag: -c --clock (0 monotonic, 1 realtime)
+    assert_eq!(run("cyclictest -l 20 -q -c 1").ok().t_lines().len(), 1);
+    run("cyclictest -c 2").refused("0-1");
+}
+
+#[test]
+fn cyclictest_default_system() {
+    // cyclictest flag: --default-system
+    run("cyclictest -l 20 -q --default-system")
+        .ok()
+        .lacks("cpu_dma_latency");
+}
+
+#[test]
+fn cyclictest_distance() {
+    // cyclictest flag: -d --distance
+    let o = run("cyclictest -l 20 -q -t 2 -d 300");
+    assert!(o.ok().t_lines()[1].contains(" I:1300 "), "{}", o.stdout);
+}
+
+#[test]
+fn cyclictest_duration() {
+    // cyclictest flag: -D --duration (0 or none: until stopped)
+    let o = run("cyclictest -D 300ms -q -i 1000 --json={dir}/out.json");
+    let c = o.ok().thread(0)["cycles"].as_u64().unwrap();
+    assert!((200..=320).contains(&c), "{c}");
+}
+
+#[test]
+fn cyclictest_fifo() {
+    // cyclictest flag: -F --fifo
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ct.fifo");
+    let reader_path = path.clone();
+    let reader = std::thread::spawn(move || {
+        // Wait for the pipe, then read one round of status lines.
+        for _ in 0..400 {
+            if reader_path.exists() {
+                return std::fs::read_to_string(&reader_path).unwrap_or_default();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        String::new()
+    });
+    run(&format!("cyclictest -D 2 -q -F {}", path.display())).ok();
+    let got = reader.join().unwrap();
+    assert!(got.starts_with("T: 0 ("), "{got}");
+    assert!(!path.exists(), "the pipe is removed at the end");
+}
+
+#[test]
+fn cyclictest_histogram() {
+    // cyclictest flag: -h --histogram
+    let o = run("cyclictest -l 50 -q -h 30");
+    o.ok()
+        .has("# Histogram\n")
+        .has("000029 ")
+        .lacks("000030 ")
+        .lacks("T: 0");
+}
+
+#[test]
+fn cyclictest_histofall() {
+    // cyclictest flag: -H --histofall
+    let o = run("cyclictest -l 50 -q -H 30 -t 2");
+    let row = o
+        .ok()
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("000000 "))
+        .unwrap()
+        .to_string();
+    assert_eq!(row.split('\t').count(), 3, "two threads and all: {row}");
+}
+
+#[test]
+fn cyclictest_histfile() {
+    // cyclictest flag: --histfile
+    let o = run("cyclictest -l 50 -q -h 30 --histfile={dir}/hist.txt");
+    o.ok().lacks("# Histogram");
+    let text = std::fs::read_to_string(o.dir.path().join("hist.txt")).unwrap();
+    assert!(text.starts_with("# Histogram\n000000 "), "{text}");
+}
+
+#[test]
+fn cyclictest_interval() {
+    // cyclictest flag: -i --interval
+    let o = run("cyclictest -l 20 -q -i 250");
+    assert!(o.ok().t_lines()[0].contains(" I:250 "), "{}", o.stdout);
+}
+
+#[test]
+fn cyclictest_json() {
+    // cyclictest flag: --json
+    let o = run("cyclictest -l 20 -q --json={dir}/out.json");
+    assert_eq!(o.ok().thread(0)["cycles"], 20);
+}
+
+#[test]
+fn cyclictest_laptop() {
+    // cyclictest flag: --laptop
+    let o = run("cyclictest -l 20 -q --laptop");
+    o.ok().lacks("cpu_dma_latency");
+    assert!(o.stderr.contains("save battery"), "{}", o.stderr);
+}
+
+#[test]
+fn cyclictest_latency() {
+    // cyclictest flag: --latency
+    run("cyclictest -l 20 -q --latency 5")
+        .ok()
+        .has("# /dev/cpu_dma_latency set to 5us");
+}
+
+#[test]
+fn cyclictest_loops() {
+    // cyclictest flag: -l --loops
+    let o = run("cyclictest -l 37 -q");
+    assert!(o.ok().t_lines()[0].contains(" C:     37 "), "{}", o.stdout);
+}
+
+#[test]
+fn cyclictest_mainaffinity() {
+    // cyclictest flag: --mainaffinity
+    run("cyclictest -l 20 -q --mainaffinity 0").ok();
+    run("cyclictest --mainaffinity 4095").refused("--mainaffinity 4095");
+}
+
+#[test]
+fn cyclictest_mlockall() {
+    // cyclictest flag: -m --mlockall
+    let locked = run("cyclictest -l 20 -m --json={dir}/out.json");
+    let warned = |o: &Out| {
+        o.json()["warnings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("mlockall not asked for"))
+    };
+    assert!(!warned(locked.ok()));
+    let unlocked = run("cyclictest -l 20 --json={dir}/out.json");
+    assert!(warned(unlocked.ok()));
+}
+
+#[test]
+fn cyclictest_refresh_on_max() {
+    // cyclictest flag: -M --refresh_on_max
+    let o = run("cyclictest -l 100 -M");
+    assert!(!o.ok().t_lines().is_empty());
+}
+
+#[test]
+fn cyclictest_nsecs() {
+    // cyclictest flag: -N --nsecs
+    let o = run("cyclictest -l 20 -q -N --json={dir}/out.json");
+    assert_eq!(o.ok().json()["resolution_in_ns"], 1);
+    // Nanoseconds: a wake-up is late by thousands of them.
+    assert!(o.thread(0)["min"].as_u64().unwrap() >= 100);
+}
+
+#[test]
+fn cyclictest_oscope() {
+    // cyclictest flag: -o --oscope (with -v)
+    let o = run("cyclictest -l 40 -q -v -o 10");
+    let values = o
+        .ok()
+        .stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("0:"))
+        .count();
+    assert_eq!(values, 4, "{}", o.stdout);
+    run("cyclictest -o 10").refused("-v");
+}
+
+#[test]
+fn cyclictest_priority() {
+    // cyclictest flag: -p --priority
+    let o = run("cyclictest -l 20 -q -p 80");
+    assert!(o.ok().t_lines()[0].contains(" P:80 "), "{}", o.stdout);
+}
+
+#[test]
+fn cyclictest_policy() {
+    // cyclictest flag: --policy
+    let o = run("cyclictest -l 20 --policy rr -p 10");
+    o.ok().has("policy: rr: loadavg");
+    run("cyclictest --policy deadline").refused("fifo, rr");
+}
+
+#[test]
+fn cyclictest_priospread() {
+    // cyclictest flag: --priospread
+    let o = run("cyclictest -l 20 -q -p 80 -t 2 --priospread");
+    let lines = o.ok().t_lines();
+    assert!(
+        lines[0].contains(" P:80 ") && lines[1].contains(" P:79 "),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn cyclictest_quiet() {
+    // cyclictest flag: -q --quiet
+    let o = run("cyclictest -l 20 -q");
+    o.ok().lacks("policy:").lacks("\x1b[");
+    assert_eq!(o.t_lines().len(), 1);
+}
+
+#[test]
+fn cyclictest_relative() {
+    // cyclictest flag: -r --relative
+    assert_eq!(run("cyclictest -l 20 -q -r").ok().t_lines().len(), 1);
+}
+
+#[test]
+fn cyclictest_resolution() {
+    // cyclictest flag: -R --resolution (with --dbg_cyclictest, the readings)
+    // cyclictest flag: --dbg_cyclictest
+    let o = run("cyclictest -l 20 -q -R -v --dbg_cyclictest");
+    o.ok();
+    assert!(
+        o.stderr.contains("measured clock resolution"),
+        "{}",
+        o.stderr
+    );
+}
+
+#[test]
+fn cyclictest_secaligned() {
+    // cyclictest flag: --secaligned
+    assert_eq!(
+        run("cyclictest -l 20 -q --secaligned 50")
+            .ok()
+            .t_lines()
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn cyclictest_system() {
+    // cyclictest flag: -s --system
+    assert_eq!(run("cyclictest -l 20 -q -s").ok().t_lines().len(), 1);
+}
+
+#[test]
+fn cyclictest_smp() {
+    // cyclictest flag: -S --smp
+    let o = run("cyclictest -l 20 -q -S --json={dir}/out.json");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(o.ok().json()["num_threads"], cpus);
+}
+
+#[test]
+fn cyclictest_spike() {
+    // cyclictest flag: --spike
+    // cyclictest flag: --spike-nodes
+    let o = run("cyclictest -l 30 -q --spike 1 --spike-nodes 5");
+    o.ok().has("spikes = 30\n");
+    let listed = o.stdout.lines().filter(|l| l.contains("Spike:")).count();
+    assert_eq!(listed, 5);
+}
+
+#[test]
+fn cyclictest_smi() {
+    // cyclictest flag: --smi (refused: no MSR access)
+    run("cyclictest --smi").refused("not supported");
+}
+
+#[test]
+fn cyclictest_threads() {
+    // cyclictest flag: -t --threads
+    assert_eq!(run("cyclictest -l 20 -q -t 3").ok().t_lines().len(), 3);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(run("cyclictest -l 20 -q -t").ok().t_lines().len(), cpus);
+}
+
+#[test]
+fn cyclictest_tracemark() {
+    // cyclictest flag: --tracemark (with -b)
+    run("cyclictest -q -D 5 -b 1 --tracemark")
+        .ok()
+        .has("# Break thread: ");
+}
+
+#[test]
+fn cyclictest_unbuffered() {
+    // cyclictest flag: -u --unbuffered
+    assert_eq!(run("cyclictest -l 20 -q -u").ok().t_lines().len(), 1);
+}
+
+#[test]
+fn cyclictest_verbose() {
+    // cyclictest flag: -v --verbose
+    let o = run("cyclictest -l 20 -q -v");
+    let values = o
+        .ok()
+        .stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("0:"))
+        .count();
+    assert_eq!(values, 20, "{}", o.stdout);
+}
+
+#[test]
+fn cyclictest_posix_timers() {
+    // cyclictest flag: -x --posix_timers
+    let o = run("cyclictest -l 20 -q -x");
+    assert!(o.ok().t_lines()[0].contains(" C:     20 "), "{}", o.stdout);
+}
+
+#[test]
+fn cyclictest_mlock_and_help() {
+    // cyclictest flag: --help
+    run("cyclictest --help").ok().has("--histogram");
+}
