@@ -351,6 +351,9 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
         bail!("--drain-rate 0 with --load off: nothing to run");
     }
     let quiet = args.quiet;
+    if let Some(path) = &args.json {
+        crate::validate::output_file("--json", path)?;
+    }
     let start_time = rt::rt_timestamp();
     let mut warnings = Warnings::default();
     let _rt = rt::prepare(true, &mut warnings, quiet);
