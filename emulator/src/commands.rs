@@ -1,8 +1,8 @@
 //! The commands: validate the options, set up, run the probe or the load, print, export.
 //!
-//! `oslat` and `cyclictest` have a module each ([`oslat`], [`cyclictest`]): they follow the
-//! real tools' output line for line. What they share with `load` (the CPUs, the drain load
-//! around a probe, our JSON fields) is here.
+//! `oslat` and `cyclictest` have a module each (`commands/oslat.rs`, `commands/cyclictest.rs`):
+//! they follow the real tools' output line for line. What they share with `load` (the CPUs, the
+//! drain load around a probe, our JSON fields) is here.
 
 mod cyclictest;
 mod oslat;
