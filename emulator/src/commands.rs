@@ -1,8 +1,8 @@
 //! The commands: validate the options, set up, run the probe or the load, print, export.
 //!
-//! `oslat` and `cyclictest` have a module each ([`oslat`], [`cyclictest`]): they follow the
-//! real tools' output line for line. What they share with `load` (the CPUs, the drain load
-//! around a probe, our JSON fields) is here.
+//! `oslat` and `cyclictest` have a module each (`commands/oslat.rs`, `commands/cyclictest.rs`):
+//! they follow the real tools' output line for line. What they share with `load` (the CPUs, the
+//! drain load around a probe, our JSON fields) is here.
 
 mod cyclictest;
 mod oslat;
@@ -378,6 +378,9 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
         bail!("--drain-rate 0 with --load off: nothing to run");
     }
     let quiet = args.quiet;
+    if let Some(path) = &args.json {
+        crate::validate::output_file("--json", path)?;
+    }
     let start_time = rt::rt_timestamp();
     let mut warnings = Warnings::default();
     let _rt = rt::prepare(true, &mut warnings, quiet);

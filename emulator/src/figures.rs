@@ -156,6 +156,9 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     if let Some(p) = &args.passes {
         config.passes = validate::int_in("--passes", p, 1, 1000)? as usize;
     }
+    if let Some(path) = &args.json {
+        crate::validate::output_file("--json", path)?;
+    }
     let start_time = rt::rt_timestamp();
     if !args.quiet {
         eprintln!(
@@ -321,6 +324,9 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
     let mut config = PoolFiguresConfig::default();
     if let Some(l) = &args.loops {
         config.loops = validate::int_in("--loops", l, 1, 100_000)? as usize;
+    }
+    if let Some(path) = &args.json {
+        crate::validate::output_file("--json", path)?;
     }
     let start_time = rt::rt_timestamp();
     if !args.quiet {

@@ -4,8 +4,8 @@
 //! | command | what it does |
 //! |---|---|
 //! | `qpw-emu` / `qpw-emu run` | the default experiment: idle baseline, then each mode x mm workload, one table |
-//! | `qpw-emu oslat` | the oslat probe (oslat's flags), optionally under a drain load |
-//! | `qpw-emu cyclictest` | the cyclictest probe (cyclictest's flags), optionally under a drain load |
+//! | `qpw-emu oslat` | rt-tests 2.4's oslat, flag for flag and line for line, optionally under a drain load |
+//! | `qpw-emu cyclictest` | rt-tests 2.4's cyclictest, flag for flag and line for line, optionally under a drain load |
 //! | `qpw-emu load` | only the drain load, to run the real rt-tests tools beside it |
 //! | `qpw-emu resctrl`, `qpw-emu pool` | the resctrl read paths and the buffer-pool designs side by side |
 //! | `qpw-emu report FILE.json...` | tables and SVG plots from saved results |
@@ -34,12 +34,13 @@
 //! The binary's `main` only prints `Error: {e:#}` and sets the exit code; every option reaches
 //! the commands as text and is validated there, with errors that quote the flag and its legal
 //! range. One module per concern: the probes ([`oslat`], [`cyclictest`]) and what they do alike
-//! with their threads ([`threads`]), their clock ([`clock`]), histograms ([`hist`]), the real-time setup and its warnings ([`rt`]), the load
+//! with their threads ([`threads`]), their clock ([`clock`]), histograms ([`hist`]), the
+//! real-time setup and its warnings ([`rt`]), Ctrl-C ([`signals`]), the load
 //! ([`load`], [`scenario`]), the built-in minimal workload ([`counter`]), one exporter per
 //! format ([`json`], [`svg`], [`report`]), and the commands ([`commands`], [`experiment`],
 //! [`figures`]).
 
-#![warn(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 
 pub mod cli;
 pub mod clock;

@@ -359,7 +359,7 @@ fn label_of_value(us: f64) -> String {
     }
 }
 
-/// Counts over log-spaced bins ([`BINS_PER_DECADE`] per decade) of the latency axis, each
+/// Counts over log-spaced bins (ten per decade) of the latency axis, each
 /// non-empty bin drawn as a step; a gap where a bin is empty.
 pub fn histogram(title: &str, series: &[Series]) -> String {
     let mut svg = Svg::default();

@@ -258,6 +258,18 @@ fn bad_run_and_load_values_name_the_flag_and_range() {
         ("load -D 0", ["--duration 0", "1ms to 7d"]),
         ("load --free 5-2", ["--free 5-2", "runs backwards"]),
         ("load --drain-rate x", ["--drain-rate x", "0-100000"]),
+        (
+            "load -D 5 --json /nonexistent/l.json",
+            ["/nonexistent", "does not exist"],
+        ),
+        (
+            "pool --json /nonexistent/p.json",
+            ["/nonexistent", "does not exist"],
+        ),
+        (
+            "resctrl --json /nonexistent/r.json",
+            ["/nonexistent", "does not exist"],
+        ),
     ]);
 }
 
