@@ -431,21 +431,6 @@ pub fn cmdline() -> String {
 }
 
 /// Writes `value` to `path` as pretty JSON (`-` for stdout).
-/// Fails at once, before a run, when `path` (not `-`) is in a folder that does not exist.
-pub fn check_writable(path: &Path) -> Result<()> {
-    if path.as_os_str() == "-" {
-        return Ok(());
-    }
-    match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(anyhow::anyhow!(
-            "--json {}: the folder {} does not exist",
-            path.display(),
-            dir.display()
-        )),
-        _ => Ok(()),
-    }
-}
-
 pub fn write<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let text = serde_json::to_string_pretty(value).context("cannot serialise the results")?;
     if path.as_os_str() == "-" {

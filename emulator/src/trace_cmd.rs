@@ -216,7 +216,7 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
         .transpose()?;
     let top = validate::int_in("--top", &args.top, 1, 1000)? as usize;
     if let Some(path) = &args.json {
-        json::check_writable(path)?;
+        validate::output_file("--json", path)?;
     }
     let quiet = args.quiet;
     let start_time = rt::rt_timestamp();

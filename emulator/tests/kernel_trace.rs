@@ -217,9 +217,9 @@ fn leftovers(pid: u32) -> Vec<String> {
 }
 
 #[test]
-fn sigint_leaves_nothing_behind() {
+fn interrupted_runs_leave_nothing_behind() {
     let _one_at_a_time = live();
-    let test = "sigint_leaves_nothing_behind";
+    let test = "interrupted_runs_leave_nothing_behind";
     if !can_trace(test) || !two_cpus(test) {
         return;
     }
@@ -232,43 +232,68 @@ fn sigint_leaves_nothing_behind() {
     } else {
         "kernel-vmstat"
     };
-    let cpu = target();
-    let child = emu()
-        .args([
-            "oslat",
-            "-c",
-            &cpu,
-            "-D",
-            "60",
-            "-q",
-            "--trace",
-            "--workload",
-            workload,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    // Wait until the run has set itself up (its instance exists), then interrupt it.
-    let start = Instant::now();
-    while leftovers(pid).is_empty() && start.elapsed() < Duration::from_secs(20) {
-        std::thread::sleep(Duration::from_millis(50));
+    // The second signal must land while the run still winds down: a few tries.
+    let mut forced_seen = false;
+    for signals in [1, 2, 2, 2, 2, 2] {
+        if signals == 2 && forced_seen {
+            break;
+        }
+        let cpu = target();
+        let child = emu()
+            .args([
+                "oslat",
+                "-c",
+                &cpu,
+                "-D",
+                "60",
+                "-q",
+                "--trace",
+                "--workload",
+                workload,
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        // Wait until the run has set itself up (its instance exists), then interrupt it.
+        let start = Instant::now();
+        while leftovers(pid).is_empty() && start.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(
+            !leftovers(pid).is_empty(),
+            "the run never set up its trace instance"
+        );
+        std::thread::sleep(Duration::from_millis(800));
+        // 5 ms apart: two signals (not merged into one pending signal), the second while the
+        // run is still winding down with its trace open.
+        for _ in 0..signals {
+            // SAFETY: `kill` with a valid pid of our own child and a signal number.
+            unsafe { libc::kill(pid as i32, libc::SIGINT) };
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let out = wait(child, Duration::from_secs(30));
+        // One Ctrl-C: the run reports and exits 0; two: it exits at once, 130, as rt-tests users
+        // expect (unless the run had finished before the second came); either way after
+        // putting the system back.
+        let code = out.status.code();
+        let allowed: &[i32] = if signals == 1 { &[0] } else { &[0, 130] };
+        assert!(
+            code.is_some_and(|c| allowed.contains(&c)),
+            "after {signals} SIGINT: {code:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            leftovers(pid),
+            Vec::<String>::new(),
+            "after {signals} SIGINT"
+        );
+        if code == Some(130) {
+            forced_seen = true;
+        }
     }
-    assert!(
-        !leftovers(pid).is_empty(),
-        "the run never set up its trace instance"
-    );
-    std::thread::sleep(Duration::from_millis(800));
-    // SAFETY: `kill` with a valid pid of our own child and a signal number.
-    unsafe { libc::kill(pid as i32, libc::SIGINT) };
-    let out = wait(child, Duration::from_secs(30));
-    assert!(
-        out.status.success(),
-        "an interrupted run still reports and exits 0: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(leftovers(pid), Vec::<String>::new());
+    assert!(forced_seen, "no try ended by the second SIGINT (exit 130)");
 }
 
 fn wait(mut child: std::process::Child, limit: Duration) -> Output {
@@ -315,7 +340,7 @@ fn bad_input_is_refused_before_anything_starts() {
     );
     fails_with(
         &["trace", "-D", "1", "--json", "/nonexistent/dir/t.json"],
-        "the folder /nonexistent/dir does not exist",
+        "the directory /nonexistent/dir does not exist",
     );
 }
 

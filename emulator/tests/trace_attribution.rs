@@ -128,6 +128,8 @@ fn mono_timestamps_lost_lines_and_bad_lines() {
 // Synthetic timelines on cpu 1; the probe is pid 100.
 
 const PROBE: i32 = 100;
+/// The process the report is for.
+const OURS: i32 = 99;
 
 fn ev(ts: u64, pid: i32, comm: &str, kind: Kind) -> Event {
     Event {
@@ -135,6 +137,7 @@ fn ev(ts: u64, pid: i32, comm: &str, kind: Kind) -> Event {
         ts,
         pid,
         comm: comm.into(),
+        tgid: None,
         kind,
     }
 }
@@ -208,6 +211,7 @@ fn a_kworker_gap_is_the_kworker_with_its_function() {
             source: Source::Task { comm, .. },
             function,
             others,
+            ..
         } => {
             assert_eq!(comm, "kworker/1:0");
             assert_eq!(function.as_deref(), Some("lru_add_drain_per_cpu"));
@@ -215,8 +219,8 @@ fn a_kworker_gap_is_the_kworker_with_its_function() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(a.label(), "kworker lru_add_drain_per_cpu");
-    assert_eq!(a.bucket(), "kernel");
+    assert_eq!(a.label(OURS), "kworker lru_add_drain_per_cpu");
+    assert_eq!(a.bucket(OURS), "kernel");
 }
 
 #[test]
@@ -224,7 +228,7 @@ fn an_irq_nested_in_a_kworker_owns_its_own_time() {
     let t = kworker_with_nested_irq();
     // A gap that covers mostly the IRQ: the IRQ, not the kworker.
     let a = t.attribute(1, 1190, 1310, PROBE);
-    assert_eq!(a.label(), "irq virtio0");
+    assert_eq!(a.label(OURS), "irq virtio0");
     assert_eq!(a.class(), "irq");
     // The segments do not overlap and cover the window without a hole.
     let cpu = &t.cpus[&1];
@@ -258,7 +262,7 @@ fn overlapping_sources_go_to_the_one_with_most_time() {
         ev(1000, PROBE, "oslat", Kind::Other { name: "x".into() }),
     ]);
     let a = t.attribute(1, 90, 470, PROBE);
-    assert_eq!(a.label(), "rcu_preempt");
+    assert_eq!(a.label(OURS), "rcu_preempt");
     assert!(matches!(a, Attribution::Seen { others: 1, .. }));
     // A gap in which only the probe ran: nothing seen.
     assert_eq!(t.attribute(1, 600, 700, PROBE), Attribution::Unexplained);
@@ -291,7 +295,7 @@ fn events_straddling_the_window_edges() {
     let a = t.attribute(1, 50, 150, PROBE);
     assert_eq!(a, Attribution::OutsideTrace, "before the first event");
     let a = t.attribute(1, 890, 1000, PROBE);
-    assert_eq!(a.label(), "kworker refresh_vm_stats");
+    assert_eq!(a.label(OURS), "kworker refresh_vm_stats");
     assert_eq!(
         t.attribute(1, 900, 2000, PROBE),
         Attribution::OutsideTrace,
@@ -308,7 +312,10 @@ fn events_straddling_the_window_edges() {
         ),
         ev(200, PROBE, "oslat", Kind::Other { name: "x".into() }),
     ]);
-    assert_eq!(t.attribute(1, 10, 90, PROBE).label(), "vector local_timer");
+    assert_eq!(
+        t.attribute(1, 10, 90, PROBE).label(OURS),
+        "vector local_timer"
+    );
 }
 
 #[test]
@@ -326,7 +333,7 @@ fn a_gap_over_lost_events_is_lost_not_guessed() {
     ]);
     assert_eq!(t.lost_events, 42);
     assert_eq!(t.attribute(1, 400, 500, PROBE), Attribution::Lost);
-    assert_eq!(t.attribute(1, 90, 210, PROBE).bucket(), "kernel");
+    assert_eq!(t.attribute(1, 90, 210, PROBE).bucket(OURS), "kernel");
     assert_eq!(t.attribute(1, 810, 890, PROBE), Attribution::Unexplained);
     assert_eq!(t.attribute(3, 10, 20, PROBE), Attribution::Unseen);
 }
@@ -341,9 +348,43 @@ fn our_worker_is_its_own_bucket() {
         ev(300, PROBE, "oslat", Kind::Other { name: "x".into() }),
     ]);
     let a = t.attribute(1, 95, 135, PROBE);
-    assert_eq!((a.label().as_str(), a.bucket()), ("qpw/1", "qpw"));
+    assert_eq!((a.label(OURS).as_str(), a.bucket(OURS)), ("qpw/1", "qpw"));
     // The noise view counts one occurrence of 30 for the worker.
     let noise = t.noise(Some(PROBE));
     let (label, e) = &noise[0].sources[0];
     assert_eq!((label.as_str(), e.count, e.total), ("qpw/1", 1, 30));
+}
+
+#[test]
+fn another_process_worker_is_not_ours() {
+    let e = parse_line(
+        "           qpw/1-4242    (   4200) [001] d..2. 4720518020427: sched_switch: \
+         prev_comm=qpw/1 prev_pid=4242 prev_prio=120 prev_state=S ==> next_comm=oslat \
+         next_pid=100 next_prio=120",
+    )
+    .unwrap();
+    assert_eq!(
+        (e.comm.as_str(), e.pid, e.tgid),
+        ("qpw/1", 4242, Some(4200))
+    );
+    let unknown = parse_line(
+        "          <idle>-0       (-------) [001] d.h1. 4914994416605: irq_handler_entry: \
+         irq=36 name=virtio1-req.0",
+    )
+    .unwrap();
+    assert_eq!((unknown.pid, unknown.tgid), (0, None));
+    let foreign = (4242, "qpw/1");
+    let mut out = ev(130, foreign.0, foreign.1, Kind::Other { name: "x".into() });
+    out.tgid = Some(4200);
+    let t = timeline(&[
+        ev(0, PROBE, "oslat", Kind::Other { name: "x".into() }),
+        switch(100, PR, foreign),
+        out,
+        switch(140, foreign, PR),
+        ev(300, PROBE, "oslat", Kind::Other { name: "x".into() }),
+    ]);
+    let a = t.attribute(1, 95, 145, PROBE);
+    assert_eq!(a.bucket(OURS), "other");
+    assert_eq!(a.label(OURS), "qpw/1 (process 4200)");
+    assert_eq!(a.bucket(4200), "qpw");
 }

@@ -228,6 +228,10 @@ impl MemCgroup {
         let dir = root.join(format!("qpw-emu-{}", std::process::id()));
         std::fs::create_dir(&dir)
             .with_context(|| format!("cannot create the memory cgroup {}", dir.display()))?;
+        // A second Ctrl-C ends the process without running `Drop`: the filler then sees its
+        // stdin close and ends, and the emptied cgroup can go.
+        let hook_dir = dir.clone();
+        crate::signals::on_forced_exit(Box::new(move || remove_cgroup(&hook_dir)));
         Ok(Self { dir, v2 })
     }
 
@@ -263,12 +267,17 @@ impl MemCgroup {
 impl Drop for MemCgroup {
     fn drop(&mut self) {
         // The filler has left (it was killed and reaped first); an emptied cgroup can go.
-        for _ in 0..100 {
-            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+        remove_cgroup(&self.dir);
+    }
+}
+
+/// Removes a cgroup once its last task has left (harmless when gone): retried for a second.
+fn remove_cgroup(dir: &Path) {
+    for _ in 0..100 {
+        if std::fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
         }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 

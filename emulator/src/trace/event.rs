@@ -8,6 +8,10 @@
 //! counter under a counter clock (`x86-tsc`: `4914990751983`) or seconds with a fraction
 //! under the others (`mono`: `4915.001579`), read here as nanoseconds.
 //!
+//! With the instance's `record-tgid` option the task column also carries the process id:
+//! `qpw/1-4242 (   4200) [001] ...`, which tells our own worker threads from another
+//! process's of the same name.
+//!
 //! `trace_pipe` also writes `CPU:<n> [LOST <count> EVENTS]` when the ring buffer overwrote
 //! events the reader had not taken yet; that is a [`Kind::Lost`] event, never dropped.
 
@@ -22,6 +26,8 @@ pub struct Event {
     pub pid: i32,
     /// Its command name.
     pub comm: String,
+    /// Its process (thread group), when the trace records it (`options/record-tgid`).
+    pub tgid: Option<i32>,
     /// What happened.
     pub kind: Kind,
 }
@@ -170,12 +176,21 @@ pub fn parse_line(line: &str) -> Result<Event, ParseError> {
             ts: 0,
             pid: -1,
             comm: String::new(),
+            tgid: None,
             kind: Kind::Lost {
                 count: count.parse().map_err(|_| bad("bad LOST count"))?,
             },
         });
     }
     let (task, cpu, after) = split_task_cpu(line).ok_or_else(|| bad("no [cpu] field"))?;
+    // With record-tgid: `comm-pid (  tgid)`; `(-------)` when the tgid is not known.
+    let task = task.trim_end();
+    let (task, tgid) = match task.strip_suffix(')').and_then(|t| t.rsplit_once('(')) {
+        Some((rest, tgid)) if tgid.trim().parse::<i32>().is_ok() || tgid.starts_with('-') => {
+            (rest, tgid.trim().parse::<i32>().ok())
+        }
+        _ => (task, None),
+    };
     let (comm, pid) = task
         .trim()
         .rsplit_once('-')
@@ -196,6 +211,7 @@ pub fn parse_line(line: &str) -> Result<Event, ParseError> {
         ts,
         pid,
         comm: comm.to_string(),
+        tgid,
         kind,
     })
 }

@@ -157,8 +157,11 @@ impl Traced {
             let class = out.by_class.entry(at.class().to_string()).or_default();
             class.count += 1;
             class.total_us += us;
-            *out.by_bucket.entry(at.bucket().to_string()).or_default() += 1;
-            let label = at.label();
+            let ours = std::process::id() as i32;
+            *out.by_bucket
+                .entry(at.bucket(ours).to_string())
+                .or_default() += 1;
+            let label = at.label(ours);
             let e = top.entry(label.clone()).or_insert_with(|| SourceFigures {
                 source: label,
                 class: at.class().to_string(),

@@ -96,6 +96,8 @@ pub struct Timeline {
     pub lost_events: u64,
     /// Events taken in.
     pub events: u64,
+    /// Each task's process, from the events that carry it.
+    pub tgid: HashMap<i32, i32>,
 }
 
 impl Timeline {
@@ -117,6 +119,9 @@ impl Timeline {
     /// Takes in one event (events of one CPU must come in time order, as ftrace gives them).
     pub fn push(&mut self, e: &Event) {
         self.events += 1;
+        if let Some(tgid) = e.tgid {
+            self.tgid.insert(e.pid, tgid);
+        }
         if let Kind::Lost { count } = e.kind {
             self.lost_events += count;
             let cpu = self.cpus.entry(e.cpu).or_default();
@@ -299,10 +304,15 @@ impl Timeline {
                 .map(|w| w.function.clone()),
             Source::Ctx(_) => None,
         };
+        let tgid = match &source {
+            Source::Task { pid, .. } => self.tgid.get(pid).copied(),
+            Source::Ctx(_) => None,
+        };
         Attribution::Seen {
             source,
             function,
             others: time.len() - 1,
+            tgid,
         }
     }
 
@@ -448,6 +458,8 @@ pub enum Attribution {
         function: Option<String>,
         /// How many other sources also ran in the gap.
         others: usize,
+        /// For a task, its process, when the trace recorded it.
+        tgid: Option<i32>,
     },
     /// Nothing the trace shows ran: the hypervisor took the vCPU, or the hardware (SMI).
     Unexplained,
@@ -461,16 +473,20 @@ pub enum Attribution {
 
 impl Attribution {
     /// The name in reports: `qpw/1`, `kworker lru_add_drain_per_cpu`, `irq virtio1-req.0`,
-    /// `unexplained`, ...
-    pub fn label(&self) -> String {
+    /// `unexplained`, ...; a `qpw/` thread of a process other than `ours` carries its pid.
+    pub fn label(&self, ours: i32) -> String {
         match self {
             Attribution::Seen {
                 source: Source::Task { comm, pid },
                 function,
+                tgid,
                 ..
             } => match function {
                 Some(f) => format!("{} {f}", kworker_or(comm)),
                 None if *pid == 0 => "idle".to_string(),
+                None if comm.starts_with("qpw/") && tgid.is_some_and(|t| t != ours) => {
+                    format!("{comm} (process {})", tgid.unwrap_or_default())
+                }
                 None => comm.clone(),
             },
             Attribution::Seen {
@@ -494,14 +510,15 @@ impl Attribution {
         }
     }
 
-    /// The default experiment's four-way split: `qpw` (our worker), `kernel` (a kworker),
-    /// `unexplained`, or `other`.
-    pub fn bucket(&self) -> &'static str {
+    /// The default experiment's four-way split: `qpw` (a worker of process `ours`, or of any
+    /// process when the trace does not say), `kernel` (a kworker), `unexplained`, or `other`.
+    pub fn bucket(&self, ours: i32) -> &'static str {
         match self {
             Attribution::Seen {
                 source: Source::Task { comm, .. },
+                tgid,
                 ..
-            } if comm.starts_with("qpw/") => "qpw",
+            } if comm.starts_with("qpw/") && tgid.is_none_or(|t| t == ours) => "qpw",
             Attribution::Seen {
                 source: Source::Task { comm, .. },
                 ..

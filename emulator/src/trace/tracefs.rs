@@ -88,12 +88,11 @@ impl Mount {
         if rc != 0 {
             let e = std::io::Error::last_os_error();
             let _ = fs::remove_dir(&dir);
-            bail!(
-                "tracefs is not mounted and cannot be mounted ({e}): tracing needs root \
-                 (CAP_SYS_ADMIN) and a kernel with CONFIG_FTRACE; mount it by hand with \
-                 `mount -t tracefs nodev /sys/kernel/tracing`"
-            );
+            return Err(mount_refused(e));
         }
+        // A second Ctrl-C ends the process without running `Drop`: unmount then too.
+        let hook_dir = dir.clone();
+        crate::signals::on_forced_exit(Box::new(move || unmount(&hook_dir)));
         Ok(Self {
             path: dir,
             ours: true,
@@ -101,14 +100,28 @@ impl Mount {
     }
 }
 
+/// The error for a tracefs that is not mounted and cannot be.
+fn mount_refused(e: std::io::Error) -> anyhow::Error {
+    anyhow!(
+        "tracefs is not mounted and cannot be mounted ({e}): tracing needs root \
+         (CAP_SYS_ADMIN) and a kernel with CONFIG_FTRACE; mount it by hand with \
+         `mount -t tracefs nodev /sys/kernel/tracing`"
+    )
+}
+
+/// Unmounts our private tracefs mount and removes its directory (harmless when done already).
+fn unmount(path: &Path) {
+    if let Ok(target) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) {
+        // SAFETY: `target` is a valid NUL-terminated path.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+    let _ = fs::remove_dir(path);
+}
+
 impl Drop for Mount {
     fn drop(&mut self) {
         if self.ours {
-            if let Ok(target) = std::ffi::CString::new(self.path.as_os_str().as_encoded_bytes()) {
-                // SAFETY: `target` is a valid NUL-terminated path.
-                unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-            }
-            let _ = fs::remove_dir(&self.path);
+            unmount(&self.path);
         }
     }
 }
@@ -159,12 +172,27 @@ impl Instance {
                 dir.display()
             )
         })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let closed = Arc::new(AtomicBool::new(false));
+        // A second Ctrl-C ends the process without running `Drop`: stop the reader (an open
+        // trace_pipe keeps the instance busy), then remove the instance.
+        let (hook_dir, hook_stop, hook_closed) = (dir.clone(), stop.clone(), closed.clone());
+        crate::signals::on_forced_exit(Box::new(move || {
+            hook_stop.store(true, Ordering::SeqCst);
+            for _ in 0..100 {
+                if hook_closed.load(Ordering::SeqCst) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            remove_instance(&hook_dir);
+        }));
         let mut inst = Self {
             dir,
             cpus: cpus.clone(),
             clock: clock.to_string(),
             missing_events: Vec::new(),
-            stop: Arc::new(AtomicBool::new(false)),
+            stop,
             reader: None,
             _mount: mount,
         };
@@ -182,7 +210,10 @@ impl Instance {
                     if let Some(cpu) = reader_cpu {
                         let _ = qpw_core::pin_current_thread(cpu);
                     }
-                    read_pipe(pipe, &stop)
+                    let gathered = read_pipe(pipe, &stop);
+                    // `read_pipe` has closed the pipe.
+                    closed.store(true, Ordering::SeqCst);
+                    gathered
                 })
                 .context("cannot start the trace reader thread")?,
         );
@@ -206,6 +237,10 @@ impl Instance {
         self.write("trace_clock", clock)?;
         self.write("buffer_size_kb", &buffer_kb.to_string())?;
         self.write("tracing_cpumask", &cpumask_hex(&self.cpus))?;
+        // The process of each task, to tell our worker threads from another process's.
+        if self.dir.join("options/record-tgid").exists() {
+            self.write("options/record-tgid", "1")?;
+        }
         let mut events: Vec<String> = EVENTS.iter().map(|e| e.to_string()).collect();
         for v in X86_VECTORS {
             events.push(format!("irq_vectors/{v}_entry"));
@@ -279,13 +314,19 @@ impl Drop for Instance {
         if let Some(h) = self.reader.take() {
             let _ = h.join();
         }
-        // Removing the directory frees the buffer and every setting with it.
-        for _ in 0..50 {
-            match fs::remove_dir(&self.dir) {
-                Ok(()) => break,
-                Err(e) if e.kind() == ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
+        remove_instance(&self.dir);
+    }
+}
+
+/// Stops an instance and removes it, which frees its buffer and every setting with it
+/// (harmless when done already). Busy while a reader holds `trace_pipe`: retried for a second.
+fn remove_instance(dir: &Path) {
+    let _ = fs::write(dir.join("tracing_on"), "0");
+    for _ in 0..50 {
+        match fs::remove_dir(dir) {
+            Ok(()) => break,
+            Err(e) if e.kind() == ErrorKind::NotFound => break,
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
 }
