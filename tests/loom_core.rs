@@ -58,7 +58,7 @@ fn loom_queue_on_flush_with_concurrent_requeue() {
             let (cache, sink) = (cache.clone(), sink.clone());
             Arc::new(
                 qpw.work(move |ctx| {
-                    let mut local = cache.lock_work(ctx);
+                    let mut local = cache.lock_work(ctx).unwrap();
                     sink.lock().unwrap().append(&mut local);
                 })
                 .unwrap(),
@@ -140,7 +140,7 @@ fn loom_queue_and_remote_cpus_in_one_instance() {
         let drain = {
             let (cache, sink) = (cache.clone(), sink.clone());
             qpw.work(move |ctx| {
-                let mut local = cache.lock_work(ctx);
+                let mut local = cache.lock_work(ctx).unwrap();
                 sink.lock().unwrap().append(&mut local);
             })
             .unwrap()

@@ -38,7 +38,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let global = Arc::new(AtomicU64::new(0));
         let (c, g) = (cache.clone(), global.clone());
         let drain = qpw.work(move |ctx| {
-            let mut local = c.lock_work(ctx);
+            let Ok(mut local) = c.lock_work(ctx) else {
+                return; // a remote run past its drain's deadline: the drain reports it
+            };
             g.fetch_add(*local, Ordering::Relaxed);
             *local = 0;
             let ran_on = qpw_core::current_cpu().map_or("?".to_string(), |c| c.to_string());

@@ -102,7 +102,7 @@
 //!     .cpus(CpuSpec::Logical(2))
 //!     .policy(Policy::RemoteOn("1".parse()?))
 //!     .build()?;
-//! let cache = Arc::new(qpw.per_cpu(|_cpu| Vec::<u32>::new()));
+//! let cache = qpw.per_cpu(|_cpu| Vec::<u32>::new()); // a handle: clones share the slots
 //!
 //! // Each CPU's own threads fill their cache.
 //! for cpu in 0..2 {
@@ -114,7 +114,9 @@
 //! let sink = Arc::new(std::sync::Mutex::new(Vec::new()));
 //! let (c, s) = (cache.clone(), sink.clone());
 //! let drain = qpw.work(move |ctx| {
-//!     let mut local = c.lock_work(ctx);
+//!     let Ok(mut local) = c.lock_work(ctx) else {
+//!         return; // only under a drain's deadline: the drain reports the stall
+//!     };
 //!     s.lock().unwrap().append(&mut local);
 //! })?;
 //! let report = drain.drain_all(|_cpu| true).into_result()?;
@@ -130,6 +132,7 @@ mod affinity;
 mod cpuset;
 pub mod cross_call;
 mod error;
+mod gate;
 mod instance;
 mod mode;
 pub mod owner;
@@ -147,7 +150,7 @@ pub use affinity::{
 };
 pub use cpuset::CpuSet;
 pub use cross_call::{CallCtx, CallTarget, CrossCallError};
-pub use error::{Error, Result};
+pub use error::{Error, OsError, Result};
 pub use instance::{Binding, Builder, CpuSpec, Qpw, ShutdownReport};
 pub use mode::{Mode, Policy};
 pub use owner::{OwnedGuard, OwnedPerCpu, Owner};
