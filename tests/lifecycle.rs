@@ -458,3 +458,512 @@ fn case10_lock_local_from_an_unmanaged_cpu_names_the_caller() {
         "{text}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The lifecycle under random interleavings, across the policies.
+// ---------------------------------------------------------------------------------------------
+
+/// Rounds per policy, and operations per actor thread per round.
+const ROUNDS: u64 = if cfg!(debug_assertions) { 40 } else { 100 };
+const OPS: usize = 300;
+const ACTORS: usize = 3;
+/// The payload of the planned panics, which the quiet hook below does not print.
+const FLAKY: &str = "flaky run";
+
+/// xorshift64*: a seeded, reproducible stream (the seed is in every failure message).
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+thread_local! {
+    /// Planned panics that happened on this thread (in remote runs, and on workers).
+    static PANICKED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+fn panicked_here() -> u64 {
+    PANICKED_HERE.with(|p| p.get())
+}
+
+/// Keeps the planned panics out of the test output; every other panic is printed as usual.
+fn quiet_planned_panics() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<&str>() != Some(&FLAKY) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// One work item of the stress, with what its runs did and what its callers were told.
+struct Item {
+    work: PerCpuWork,
+    runs: Arc<AtomicUsize>,
+    panics: Arc<AtomicUsize>,
+    /// Runs the callers were promised: fresh posts and remote runs (panicked or not).
+    accepted: AtomicUsize,
+}
+
+/// What the stress needs from a policy: the instance, a work item that moves a CPU's count
+/// into `sink`, and a way for a thread to add to its CPU's count (`None` for owner-only
+/// state, whose owners add instead).
+struct World {
+    /// The main thread's handle, until it gives it to the actors.
+    qpw: Option<Qpw>,
+    cpus: CpuSet,
+    items: Vec<Item>,
+    sink: Arc<AtomicUsize>,
+    added: Arc<AtomicUsize>,
+    /// Adds 1 to `cpu`'s count from the calling thread, bound there with `handle`, which is
+    /// dropped while the guard is held when told to (maybe the last handle: case 5) and
+    /// given back otherwise.
+    add: Option<AddFn>,
+    /// The count left in the slots, once everything has stopped.
+    left: Box<dyn Fn() -> usize + Send + Sync>,
+    /// Owner threads, for owner-only state: stopped and joined at the end.
+    owners: Option<Owners>,
+    /// Runs of the short-lived items, and the runs their callers were promised.
+    temp_runs: Arc<AtomicUsize>,
+    temp_accepted: AtomicUsize,
+}
+
+type AddFn = Box<dyn Fn(Qpw, usize, bool) -> Option<Qpw> + Send + Sync>;
+
+struct Owners {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<thread::JoinHandle<()>>,
+}
+
+/// A work function over any per-CPU state: `take(ctx)` moves the CPU's count out (or `None`
+/// if the run could not reach it); the flaky one panics on every third run.
+fn item_fn(
+    take: impl Fn(&qpw_core::WorkCtx) -> Option<usize> + Send + Sync + 'static,
+    sink: &Arc<AtomicUsize>,
+    flaky: bool,
+) -> (
+    impl Fn(&qpw_core::WorkCtx) + Send + Sync + 'static,
+    Arc<AtomicUsize>,
+    Arc<AtomicUsize>,
+) {
+    let (runs, panics) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (r, p, s) = (runs.clone(), panics.clone(), sink.clone());
+    let func = move |ctx: &qpw_core::WorkCtx| {
+        let n = r.fetch_add(1, Ordering::SeqCst);
+        if let Some(moved) = take(ctx) {
+            s.fetch_add(moved, Ordering::SeqCst);
+        }
+        if flaky && n % 3 == 0 {
+            p.fetch_add(1, Ordering::SeqCst);
+            PANICKED_HERE.with(|c| c.set(c.get() + 1));
+            std::panic::panic_any(FLAKY);
+        }
+    };
+    (func, runs, panics)
+}
+
+fn item(work: PerCpuWork, runs: Arc<AtomicUsize>, panics: Arc<AtomicUsize>) -> Item {
+    Item {
+        work,
+        runs,
+        panics,
+        accepted: AtomicUsize::new(0),
+    }
+}
+
+/// A world whose state is a `PerCpu` with lock `L`; with `on_cpu`, a third item made by
+/// `work_on_cpu` (queued even on remote-mode CPUs).
+fn locked_world<L: qpw_core::RawLocalLock + 'static>(qpw: Qpw, on_cpu: bool) -> World {
+    let state = qpw.per_cpu_with::<L, _>(|_| 0usize).unwrap();
+    let sink = Arc::new(AtomicUsize::new(0));
+    let mut items = Vec::new();
+    for (flaky, pinned) in [(false, false), (true, false), (true, true)] {
+        if pinned && !on_cpu {
+            continue;
+        }
+        let s = state.clone();
+        let take = move |ctx: &qpw_core::WorkCtx| {
+            let mut n = s.lock_work(ctx).ok()?;
+            Some(std::mem::take(&mut *n))
+        };
+        let (func, runs, panics) = item_fn(take, &sink, flaky);
+        let work = if pinned {
+            qpw.work_on_cpu(func)
+        } else {
+            qpw.work(func)
+        };
+        items.push(item(work.unwrap(), runs, panics));
+    }
+    let added = Arc::new(AtomicUsize::new(0));
+    let (s, a) = (state.clone(), added.clone());
+    let add: AddFn = Box::new(move |qpw: Qpw, cpu, drop_it| {
+        let _bound = qpw.bind_current(cpu).unwrap();
+        let mut guard = s.lock_local().unwrap();
+        *guard += 1;
+        a.fetch_add(1, Ordering::SeqCst);
+        let kept = (!drop_it).then_some(qpw); // else dropped with the guard held
+        drop(guard);
+        kept
+    });
+    let left = move || {
+        let mut left = 0;
+        state.read_each(|_, n| left += *n);
+        left
+    };
+    World {
+        cpus: qpw.cpus().clone(),
+        qpw: Some(qpw),
+        items,
+        sink,
+        added,
+        add: Some(add),
+        left: Box::new(left),
+        owners: None,
+        temp_runs: Arc::default(),
+        temp_accepted: AtomicUsize::new(0),
+    }
+}
+
+/// A world of owner-only state, with an owner thread polling (and adding) on every CPU.
+fn owned_world(qpw: Qpw, seed: u64) -> World {
+    let state = qpw.owned_per_cpu(|_| 0usize).unwrap();
+    let sink = Arc::new(AtomicUsize::new(0));
+    let mut items = Vec::new();
+    for flaky in [false, true] {
+        let s = state.clone();
+        let take = move |ctx: &qpw_core::WorkCtx| {
+            let mut n = s.lock_work(ctx).ok()?;
+            Some(std::mem::take(&mut *n))
+        };
+        let (func, runs, panics) = item_fn(take, &sink, flaky);
+        items.push(item(state.work(func).unwrap(), runs, panics));
+    }
+    let added = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let threads = qpw
+        .cpus()
+        .iter()
+        .map(|cpu| {
+            let (state, added, stop) = (state.clone(), added.clone(), stop.clone());
+            thread::spawn(move || {
+                let mut rng = Rng::new(seed ^ cpu as u64);
+                let mut owner = state.claim(cpu).unwrap();
+                while !stop.load(Ordering::SeqCst) {
+                    if rng.below(4) == 0 {
+                        owner.poll();
+                    }
+                    *owner.lock_local().unwrap() += 1;
+                    added.fetch_add(1, Ordering::SeqCst);
+                    thread::yield_now();
+                }
+                owner.poll();
+            })
+        })
+        .collect();
+    let left = move || {
+        let mut left = 0;
+        state.read_each(|_, n| left += *n).unwrap();
+        left
+    };
+    World {
+        cpus: qpw.cpus().clone(),
+        qpw: Some(qpw),
+        items,
+        sink,
+        added,
+        add: None,
+        left: Box::new(left),
+        owners: Some(Owners { stop, threads }),
+        temp_runs: Arc::default(),
+        temp_accepted: AtomicUsize::new(0),
+    }
+}
+
+/// Adds a reported panic count to `reported`; anything but a planned panic or a refusal is a
+/// failure.
+fn tally(error: &Error, reported: &AtomicUsize, what: &str) {
+    match error {
+        Error::WorkPanicked { message, runs, .. } if message == FLAKY => {
+            reported.fetch_add(*runs, Ordering::SeqCst);
+        }
+        Error::ShutDown { .. } => {}
+        other => panic!("{what}: unexpected error {other}"),
+    }
+}
+
+/// One actor's random walk over the world.
+fn actor(world: &World, mut handles: Vec<Qpw>, seed: u64, reported: &AtomicUsize) {
+    let mut rng = Rng::new(seed);
+    let cpus: Vec<usize> = world.cpus.iter().collect();
+    for op in 0..OPS {
+        let what = format!("seed {seed}, op {op}");
+        let it = &world.items[rng.below(world.items.len() as u64) as usize];
+        let cpu = cpus[rng.below(cpus.len() as u64) as usize];
+        let before = panicked_here();
+        match rng.below(100) {
+            // queue_on: a remote run's panic is this call's, and only a remote run's.
+            0..=29 => {
+                let remote = !it.work.is_queued(cpu).unwrap();
+                let outcome = it.work.queue_on(cpu);
+                let here = panicked_here() - before;
+                match &outcome {
+                    Ok(true) | Err(Error::WorkPanicked { .. }) => {
+                        it.accepted.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok(false) | Err(Error::ShutDown { .. }) => {}
+                    Err(other) => panic!("{what}: queue_on: {other}"),
+                }
+                if let Err(e) = &outcome {
+                    tally(e, reported, &what);
+                }
+                let expect =
+                    u64::from(remote && matches!(outcome, Err(Error::WorkPanicked { .. })));
+                assert_eq!(
+                    here, expect,
+                    "{what}: queue_on ({outcome:?}) and this thread's panics"
+                );
+            }
+            30..=49 => {
+                if let Err(e) = it.work.flush(cpu) {
+                    tally(&e, reported, &what);
+                }
+            }
+            // drain_all: the remote runs' panics are this drain's.
+            50..=64 => {
+                let report = if rng.below(2) == 0 {
+                    it.work.drain_all(|_| true)
+                } else {
+                    it.work
+                        .drain_all_timeout(|c| c != cpu, Duration::from_secs(30))
+                };
+                let fresh = report
+                    .queued
+                    .iter()
+                    .filter(|&c| !report.coalesced.contains(c));
+                let runs = fresh.count() + report.ran_remote.len();
+                it.accepted.fetch_add(runs, Ordering::SeqCst);
+                let mut remote_panics = 0;
+                for e in &report.errors {
+                    tally(e, reported, &what);
+                    if let Error::WorkPanicked { cpu, runs, .. } = e {
+                        if report.ran_remote.contains(*cpu) {
+                            remote_panics += *runs as u64;
+                        }
+                    }
+                }
+                assert_eq!(
+                    panicked_here() - before,
+                    remote_panics,
+                    "{what}: {report:?} and this thread's panics"
+                );
+            }
+            // A guard taken and dropped, maybe with a handle dropped under it.
+            65..=79 => {
+                if let (Some(add), Some(qpw)) = (&world.add, handles.pop()) {
+                    handles.extend(add(qpw, cpu, rng.below(4) == 0));
+                }
+            }
+            // Handles cloned and dropped.
+            80..=91 => {
+                if rng.below(2) == 0 {
+                    if let Some(h) = handles.last().cloned() {
+                        handles.push(h);
+                    }
+                } else {
+                    handles.pop();
+                }
+            }
+            // A short-lived item, queued and dropped without a flush: its run still happens.
+            92..=97 => {
+                let runs = world.temp_runs.clone();
+                let temp = handles.last().map(|h| {
+                    h.work(move |_| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                    })
+                });
+                if let Some(Ok(temp)) = temp {
+                    match temp.queue_on(cpu) {
+                        Ok(true) => {
+                            world.temp_accepted.fetch_add(1, Ordering::SeqCst);
+                        }
+                        Err(Error::ShutDown { .. }) => {}
+                        other => panic!("{what}: a fresh item's queue_on: {other:?}"),
+                    }
+                }
+            }
+            // A shutdown, now and then.
+            _ => {
+                if rng.below(8) == 0 {
+                    if let Some(h) = handles.last() {
+                        let report = h.shutdown();
+                        reported.fetch_add(report.panicked.len(), Ordering::SeqCst);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One round: actors walk the world; the main thread then stops the instance (shutdown or the
+/// drop of its last handle), flushes every item, and checks the books. Returns the runs, the
+/// panics and the units added, for the summary.
+fn round(mut world: World, seed: u64) -> [usize; 3] {
+    let reported = Arc::new(AtomicUsize::new(0));
+    // The main thread keeps a handle in half the rounds; in the others the actors hold the
+    // only ones, and the last actor to drop its own stops the instance.
+    let main = world.qpw.take().unwrap();
+    let handles: Vec<Qpw> = (0..ACTORS).map(|_| main.clone()).collect();
+    let main = (seed % 2 == 0).then_some(main);
+    let world = Arc::new(world);
+    let actors: Vec<_> = handles
+        .into_iter()
+        .zip(0..)
+        .map(|(handle, a)| {
+            let (world, reported) = (world.clone(), reported.clone());
+            thread::spawn(move || actor(&world, vec![handle], seed * 31 + a, &reported))
+        })
+        .collect();
+    for a in actors {
+        a.join().unwrap();
+    }
+    let mut world = Arc::try_unwrap(world).unwrap_or_else(|_| panic!("seed {seed}: shared"));
+    let cpus = world.cpus.clone();
+    if let Some(main) = main {
+        if seed % 4 == 0 {
+            let report = main.shutdown();
+            reported.fetch_add(report.panicked.len(), Ordering::SeqCst);
+        }
+        drop(main);
+    }
+    for it in &world.items {
+        for cpu in cpus.iter() {
+            if let Err(e) = it.work.flush(cpu) {
+                tally(&e, &reported, &format!("seed {seed}: final flush"));
+            }
+        }
+    }
+    if let Some(owners) = world.owners.take() {
+        owners.stop.store(true, Ordering::SeqCst);
+        for t in owners.threads {
+            t.join().unwrap();
+        }
+    }
+    // The short-lived items are gone, so nothing can be flushed: their runs must still
+    // happen, which a bounded wait sees (a liveness bound, not a timing claim).
+    let start = std::time::Instant::now();
+    while world.temp_runs.load(Ordering::SeqCst) < world.temp_accepted.load(Ordering::SeqCst) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "seed {seed}: a dropped item's queued run never ran"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        world.temp_runs.load(Ordering::SeqCst),
+        world.temp_accepted.load(Ordering::SeqCst),
+        "seed {seed}: runs of dropped items"
+    );
+    let (mut runs, mut accepted, mut panics) = (0, 0, 0);
+    for it in &world.items {
+        let (r, a) = (
+            it.runs.load(Ordering::SeqCst),
+            it.accepted.load(Ordering::SeqCst),
+        );
+        assert_eq!(
+            r, a,
+            "seed {seed}: runs of an item against the runs accepted"
+        );
+        runs += r;
+        accepted += a;
+        panics += it.panics.load(Ordering::SeqCst);
+    }
+    assert_eq!(
+        reported.load(Ordering::SeqCst),
+        panics,
+        "seed {seed}: panics reported against panics that happened ({runs} runs, {accepted} accepted)"
+    );
+    let (added, sink, left) = (
+        world.added.load(Ordering::SeqCst),
+        world.sink.load(Ordering::SeqCst),
+        (world.left)(),
+    );
+    assert_eq!(sink + left, added, "seed {seed}: conservation");
+    [runs, panics, added]
+}
+
+fn stress(name: &str, make: impl Fn(u64) -> World + Send + Sync + 'static) {
+    quiet_planned_panics();
+    let base: u64 = std::env::var("QPW_STRESS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let name = name.to_string();
+    within(Duration::from_secs(300), &name.clone(), move || {
+        let mut totals = [0; 3];
+        for r in 0..ROUNDS {
+            let seed = base * 1000 + r;
+            let counts = round(make(seed), seed);
+            totals.iter_mut().zip(counts).for_each(|(t, c)| *t += c);
+        }
+        let [runs, panics, added] = totals;
+        eprintln!(
+            "{name}: {ROUNDS} rounds from seed {}: {runs} runs, {panics} panics, {added} units",
+            base * 1000
+        );
+    });
+}
+
+#[test]
+fn stress_lifecycle_queue() {
+    stress("queue", |_| {
+        locked_world::<qpw_core::FairLock>(logical(2, Policy::Queue), false)
+    });
+}
+
+#[test]
+fn stress_lifecycle_remote() {
+    stress("remote", |_| {
+        locked_world::<qpw_core::FairLock>(logical(2, Policy::Remote), true)
+    });
+}
+
+#[test]
+fn stress_lifecycle_mixed() {
+    stress("mixed", |_| {
+        locked_world::<qpw_core::FairLock>(logical(3, Policy::RemoteOn("1".parse().unwrap())), true)
+    });
+}
+
+#[test]
+fn stress_lifecycle_isolated() {
+    stress("isolated", |_| {
+        locked_world::<qpw_core::FairLock>(qpw_tests::instance(Policy::Isolated), true)
+    });
+}
+
+#[test]
+fn stress_lifecycle_rseq() {
+    stress("rseq", |_| {
+        let qpw = Qpw::builder().policy(Policy::Queue).build().unwrap();
+        locked_world::<qpw_core::RseqLock>(qpw, false)
+    });
+}
+
+#[test]
+fn stress_lifecycle_owner_only() {
+    stress("owner-only", |seed| {
+        owned_world(logical(2, Policy::Queue), seed)
+    });
+}

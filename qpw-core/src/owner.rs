@@ -201,7 +201,7 @@ impl<T> OwnedPerCpu<T> {
         *lock(&slot.owner_label) = thread_label(token);
         match self.shared.inner.bind_current(cpu) {
             Ok(binding) => Ok(Owner {
-                _runner: slot.mailbox.runner_scope(token),
+                _runner: Worker::runner_scope(&slot.mailbox, token),
                 _shared: self.shared.clone(),
                 slot: std::ptr::NonNull::from(&**slot),
                 posted: std::ptr::NonNull::from(slot.mailbox.posted_flag()),

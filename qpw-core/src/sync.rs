@@ -218,7 +218,7 @@ pub(crate) const NO_THREAD: u64 = 0;
 /// Not part of any modelled protocol: the counter is a std atomic under loom too, like the
 /// instance ids (the thread-local is loom's, one per modelled thread).
 pub(crate) fn thread_token() -> u64 {
-    thread_local! {
+    imp::thread_local! {
         #[allow(clippy::missing_const_for_thread_local)]
         static TOKEN: std::cell::Cell<u64> = std::cell::Cell::new(NO_THREAD);
     }

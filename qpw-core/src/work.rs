@@ -332,12 +332,12 @@ impl Worker {
             .store(token, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Makes the calling thread, whose token is `token`, the one that runs this mailbox,
-    /// until the returned scope ends (a new owner).
-    pub(crate) fn runner_scope(self: &Arc<Self>, token: u64) -> RunnerScope {
-        self.set_runner(token);
+    /// Makes the calling thread, whose token is `token`, the one that runs `mailbox`, until
+    /// the returned scope ends (a new owner).
+    pub(crate) fn runner_scope(mailbox: &Arc<Self>, token: u64) -> RunnerScope {
+        mailbox.set_runner(token);
         RunnerScope {
-            mailbox: self.clone(),
+            mailbox: mailbox.clone(),
         }
     }
 
