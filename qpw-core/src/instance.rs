@@ -61,20 +61,23 @@ impl Builder {
         self
     }
 
-    /// How to choose each CPU's mode (default: all queue, like the kernel).
+    /// How to choose each CPU's mode (default: all queue, like the kernel). A
+    /// [`Policy::RemoteOn`] list must name managed CPUs only: [`build`](Self::build) refuses
+    /// others with [`Error::PolicyCpuNotManaged`].
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
     }
 
     /// The topology to take isolated CPUs from (default: read from `/sys` when the policy is
-    /// [`Policy::Isolated`]).
+    /// [`Policy::Isolated`]; a policy that does not follow the isolation ignores it).
     pub fn topology(mut self, topology: Topology) -> Self {
         self.topology = Some(topology);
         self
     }
 
-    /// Reads the topology from this sysfs root instead of `/sys` (for tests with a fake tree).
+    /// Reads the topology from this sysfs root instead of `/sys` (for tests with a fake tree),
+    /// if the policy needs the topology at all: otherwise the root is not opened.
     pub fn sysfs_root(mut self, root: impl Into<PathBuf>) -> Self {
         self.sysfs_root = Some(root.into());
         self
@@ -560,7 +563,10 @@ impl Qpw {
     }
 
     /// A per-CPU work item (`struct pw_struct` on every CPU, `INIT_PW`): `func` runs once per
-    /// [`PerCpuWork::queue_on`], for the CPU named in its [`WorkCtx`].
+    /// [`PerCpuWork::queue_on`], for the CPU named in its [`WorkCtx`]. It reserves one place
+    /// in each worker's queue, given back when its last handle is dropped.
+    /// [`Error::ShutDown`] once the instance has stopped and a queue-mode CPU would need its
+    /// worker.
     pub fn work<F>(&self, func: F) -> Result<PerCpuWork>
     where
         F: Fn(&WorkCtx) + Send + Sync + 'static,
@@ -620,7 +626,9 @@ pub struct ShutdownReport {
     /// Work items that were still queued when the shutdown began and ran before the workers
     /// exited.
     pub ran: usize,
-    /// The items among those that panicked, by CPU, with their messages.
+    /// The runs among those that panicked while no flush waited for them, by CPU, with their
+    /// messages (a flush that waited reports its run's panic itself; no panic is reported
+    /// twice).
     pub panicked: Vec<(usize, String)>,
     /// Work items waiting in the mailboxes of owner-only state
     /// ([`Qpw::owned_per_cpu`]) when the shutdown closed them: no worker runs those; each

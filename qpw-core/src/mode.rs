@@ -55,7 +55,8 @@ pub enum Policy {
     /// Remote mode on isolated and `nohz_full` CPUs, queue mode on the others: only the CPUs that
     /// must not be disturbed pay for remote-capable locking.
     Isolated,
-    /// Remote mode on the listed CPUs, queue mode on the rest.
+    /// Remote mode on the listed CPUs, queue mode on the rest. Every listed CPU must be
+    /// managed by the instance ([`Error::PolicyCpuNotManaged`] otherwise).
     RemoteOn(CpuSet),
 }
 

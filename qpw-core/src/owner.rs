@@ -31,7 +31,9 @@
 //!   [`OwnedPerCpu::lock_work`] reaches the slot (it checks that the caller is the owner and
 //!   that the slot is not borrowed). [`PerCpuWork::flush`] and
 //!   [`PerCpuWork::flush_timeout`] work as in queue mode: a flush waits for the owner's next
-//!   poll, and an owner that never polls is reported as [`Error::Stall`].
+//!   poll, and an owner that never polls is reported as [`Error::Stall`]. The owner itself
+//!   cannot wait for its own poll: its flush of a run still in its mailbox (from a work item
+//!   in a poll, or outside one) is [`Error::SelfFlush`].
 //! - Any other thread's local access ([`OwnedPerCpu::lock_local`], `lock_work`) is
 //!   [`Error::NotOwner`] naming the owner, never undefined behaviour.
 //! - [`Qpw::shutdown`](crate::Qpw::shutdown) (or dropping the `Qpw`) closes the mailboxes
