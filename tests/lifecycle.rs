@@ -460,6 +460,92 @@ fn case10_lock_local_from_an_unmanaged_cpu_names_the_caller() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Ergonomics noticed on the way (issue 13).
+// ---------------------------------------------------------------------------------------------
+
+/// `Qpw`, `PerCpu` and `PerCpuWork` are cheap handles; a shutdown needs no `Arc::try_unwrap`.
+#[test]
+fn handles_clone_and_shut_down_from_any_clone() {
+    let qpw = logical(2, Policy::Queue);
+    let shared = Arc::new(qpw.clone());
+    let state = qpw.per_cpu(|_| 1u32);
+    let s = state.clone();
+    let drain = qpw.work(move |ctx| *s.lock_work(ctx).unwrap() = 0).unwrap();
+    let again = drain.clone();
+    again.queue_on(1).unwrap();
+    drain.flush(1).unwrap();
+    let report = shared.shutdown();
+    assert_eq!(report.ran, 0);
+    assert!(qpw.is_shut_down());
+    let mut left = Vec::new();
+    state.read_each(|cpu, n| left.push((cpu, *n)));
+    assert_eq!(left, [(0, 1), (1, 0)]);
+    // A second shutdown finds nothing to stop.
+    assert_eq!(qpw.shutdown(), qpw_core::ShutdownReport::default());
+}
+
+/// `Error` is `Clone` and `PartialEq`, the system's errors included; `PerCpu` is `Debug`
+/// whatever its `T`.
+#[test]
+fn errors_compare_and_per_cpu_debugs_without_t_debug() {
+    let allowed = qpw_core::allowed_cpus().unwrap();
+    let outside = (0..1000).find(|&c| !allowed.contains(c)).unwrap();
+    let err = qpw_core::pin_current_thread(outside).unwrap_err();
+    assert_eq!(err.clone(), err);
+    let os = qpw_core::set_current_fifo(0).unwrap_err();
+    assert_eq!(os.clone(), os);
+    assert_ne!(os, err);
+
+    struct Opaque;
+    let qpw = logical(2, Policy::Queue);
+    let state = qpw.per_cpu(|_| Opaque);
+    assert!(format!("{state:?}").starts_with("PerCpu"));
+}
+
+/// The state of the cheaper local paths can be read for a final sum without tearing the
+/// instance down: `RseqLock` slots through the fenced path, owner-only slots while no other
+/// thread owns them.
+#[test]
+fn read_each_sums_rseq_and_owner_only_state() {
+    let qpw = Qpw::builder().policy(Policy::Queue).build().unwrap();
+    let state = qpw.per_cpu_with::<qpw_core::RseqLock, _>(|_| 0u64).unwrap();
+    let mut expect = 0;
+    for cpu in qpw.cpus().iter() {
+        let _bound = qpw.bind_current(cpu).unwrap();
+        *state.lock_local().unwrap() += cpu as u64 + 1;
+        expect += cpu as u64 + 1;
+    }
+    let mut total = 0;
+    state.read_each(|_, n| total += *n);
+    assert_eq!(total, expect);
+
+    let qpw = logical(2, Policy::Queue);
+    let owned = qpw.owned_per_cpu(|cpu| cpu as u64 * 10).unwrap();
+    let (claimed, release) = (Gate::new(), Gate::new());
+    let owner = {
+        let (owned, claimed, release) = (owned.clone(), claimed.clone(), release.clone());
+        thread::spawn(move || {
+            let mut owner = owned.claim(1).unwrap();
+            *owner.lock_local().unwrap() += 5;
+            claimed.open();
+            release.wait();
+        })
+    };
+    claimed.wait();
+    let err = owned
+        .read_each(|_, _| panic!("nothing is read"))
+        .unwrap_err();
+    assert!(matches!(err, Error::AlreadyOwned { cpu: 1, .. }), "{err}");
+    release.open();
+    owner.join().unwrap();
+    let mut seen = Vec::new();
+    owned.read_each(|cpu, n| seen.push((cpu, *n))).unwrap();
+    assert_eq!(seen, [(0, 0), (1, 15)]);
+    // The slots are free again: a claim succeeds.
+    drop(owned.claim(0).unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
 // The lifecycle under random interleavings, across the policies.
 // ---------------------------------------------------------------------------------------------
 
