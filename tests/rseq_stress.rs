@@ -47,7 +47,7 @@ fn yield_now() {
 
 #[test]
 fn smoke_rseq_lock_local_and_refusals() {
-    let qpw = Qpw::new(Policy::Queue).unwrap();
+    let qpw = Qpw::with_policy(Policy::Queue).unwrap();
     let counters = qpw.per_cpu_with::<RseqLock, _>(|_| 0u64).unwrap();
     for _ in 0..1000 {
         *counters.lock_local().unwrap() += 1;
@@ -99,7 +99,7 @@ fn stress_rseq_lock_with_preemption_and_migration() {
     }
 
     let allowed = qpw_core::allowed_cpus().unwrap();
-    let qpw = Arc::new(Qpw::new(Policy::Queue).unwrap());
+    let qpw = Arc::new(Qpw::with_policy(Policy::Queue).unwrap());
     let counters = Arc::new(qpw.per_cpu_with::<RseqLock, _>(|_| 0u64).unwrap());
     let drained = Arc::new(AtomicU64::new(0));
     let drain = {

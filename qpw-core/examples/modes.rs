@@ -17,7 +17,7 @@ use qpw_core::{Policy, Qpw};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for policy in [Policy::Queue, Policy::Remote] {
-        let qpw = Arc::new(Qpw::new(policy)?);
+        let qpw = Arc::new(Qpw::with_policy(policy)?);
         println!("{}", qpw.describe());
 
         // Per-CPU caches of "pages", filled by a thread bound to each CPU.

@@ -66,7 +66,8 @@ pub enum Error {
 
     /// A mode policy name that is not one of ours.
     #[error(
-        "unknown mode `{input}`: expected `queue`, `remote`, `isolated`, or `remote:<cpu-list>`"
+        "unknown mode `{input}`: expected `auto`, `queue`, `remote`, `isolated`, or \
+         `remote:<cpu-list>`"
     )]
     UnknownMode {
         /// The name as given.

@@ -61,16 +61,19 @@ impl Builder {
         self
     }
 
-    /// How to choose each CPU's mode (default: all queue, like the kernel). A
-    /// [`Policy::RemoteOn`] list must name managed CPUs only: [`build`](Self::build) refuses
-    /// others with [`Error::PolicyCpuNotManaged`].
+    /// How to choose each CPU's mode (default: [`Policy::Auto`], the kernel's rule: remote on
+    /// the isolated and `nohz_full` CPUs, queue elsewhere, queue everywhere without
+    /// isolation). An explicit policy always wins. A [`Policy::RemoteOn`] list must name
+    /// managed CPUs only: [`build`](Self::build) refuses others with
+    /// [`Error::PolicyCpuNotManaged`].
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
     }
 
-    /// The topology to take isolated CPUs from (default: read from `/sys` when the policy is
-    /// [`Policy::Isolated`]; a policy that does not follow the isolation ignores it).
+    /// The topology to take isolated CPUs from (default: read from `/sys` when the policy
+    /// follows the isolation, [`Policy::Auto`] or [`Policy::Isolated`]; another policy ignores
+    /// it).
     pub fn topology(mut self, topology: Topology) -> Self {
         self.topology = Some(topology);
         self
@@ -137,7 +140,7 @@ impl Builder {
 
         // Only the policies that follow the isolation read the topology (a sysfs root given
         // for another policy is not even opened).
-        let needs_topology = matches!(self.policy, Policy::Isolated);
+        let needs_topology = self.policy.follows_isolation();
         let topology = match (self.topology, self.sysfs_root) {
             _ if !needs_topology => None,
             (Some(t), _) => Some(t),
@@ -416,8 +419,16 @@ impl Qpw {
         Builder::default()
     }
 
-    /// An instance over the allowed CPUs with `policy`.
-    pub fn new(policy: Policy) -> Result<Self> {
+    /// An instance over the allowed CPUs, each CPU's mode chosen by the kernel's rule
+    /// ([`Policy::Auto`]): remote mode on the isolated and `nohz_full` CPUs, queue mode on the
+    /// others, queue mode everywhere on a machine without isolation. Reads `/sys`.
+    pub fn new() -> Result<Self> {
+        Self::builder().build()
+    }
+
+    /// An instance over the allowed CPUs with an explicit `policy`, which always wins over
+    /// the kernel's rule.
+    pub fn with_policy(policy: Policy) -> Result<Self> {
         Self::builder().policy(policy).build()
     }
 
@@ -476,12 +487,44 @@ impl Qpw {
     }
 
     /// A one-line description for reports, saying whether the CPUs are physical or logical,
-    /// which mode each has, where an unbound thread's CPU is read from (the rseq area or
+    /// which mode each has and which rule chose it (the kernel's rule by default, or the
+    /// explicit policy), where an unbound thread's CPU is read from (the rseq area or
     /// `sched_getcpu`), and which protocol [`RseqLock`](crate::RseqLock) uses in this process
     /// (`rseq`, or the `fair` fallback; [`rseq::status`](crate::rseq::status) says why).
+    ///
+    /// ```
+    /// use qpw_core::{FakeSysfs, Mode, Qpw};
+    ///
+    /// // A fake sysfs in which this machine's last allowed CPU runs `nohz_full`.
+    /// let allowed = qpw_core::allowed_cpus()?;
+    /// let last = allowed.last().unwrap();
+    /// let root = std::env::temp_dir().join(format!("qpw-describe-{}", std::process::id()));
+    /// FakeSysfs::new(&allowed.to_string()).nohz_full(&last.to_string()).write(&root)?;
+    /// let qpw = Qpw::builder().sysfs_root(&root).build()?; // no policy: the kernel's rule
+    /// # std::fs::remove_dir_all(&root).ok();
+    /// assert_eq!(qpw.mode(last)?, Mode::Remote);
+    /// let text = qpw.describe();
+    /// assert!(text.contains("policy auto (the default: the kernel's rule)"), "{text}");
+    /// assert!(text.contains(&format!("remote on {last} (isolated or nohz_full)")), "{text}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn describe(&self) -> String {
         let queue = self.cpus_in(Mode::Queue);
         let remote = self.cpus_in(Mode::Remote);
+        let policy = &self.inner().policy;
+        let origin = if policy.is_explicit() {
+            "explicit"
+        } else {
+            "the default: the kernel's rule"
+        };
+        let clause = |mode: Mode, set: &CpuSet| {
+            if set.is_empty() {
+                format!("{mode} on {set}")
+            } else {
+                let why = policy.reason(mode, !remote.is_empty());
+                format!("{mode} on {set} ({why})")
+            }
+        };
         let kind = if self.inner().logical {
             let phys: CpuSet = self.inner().phys.iter().copied().collect();
             format!(
@@ -497,9 +540,10 @@ impl Qpw {
             "sched_getcpu"
         };
         format!(
-            "{kind}; policy {}: queue on {queue}, remote on {remote}; unbound threads' CPU from \
+            "{kind}; policy {policy} ({origin}): {}, {}; unbound threads' CPU from \
              {cpu_source}; RseqLock uses {}",
-            self.inner().policy,
+            clause(Mode::Queue, &queue),
+            clause(Mode::Remote, &remote),
             crate::RseqLock::kind()
         )
     }
@@ -540,7 +584,7 @@ impl Qpw {
     /// ```
     /// use qpw_core::{FairLock, Policy, Qpw, RseqLock};
     ///
-    /// let qpw = Qpw::new(Policy::Queue)?;
+    /// let qpw = Qpw::with_policy(Policy::Queue)?;
     /// let fair = qpw.per_cpu_with::<FairLock, _>(|_| 0u32)?; // the same as `per_cpu`
     /// let rseq = qpw.per_cpu_with::<RseqLock, _>(|_| 0u32)?;
     /// *rseq.lock_local()? += 1;

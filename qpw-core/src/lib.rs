@@ -21,7 +21,8 @@
 //!
 //! | kernel (v4) | kernel (v1) | qpw | queue mode | remote mode |
 //! |---|---|---|---|---|
-//! | `pwlocks=` / `CONFIG_PWLOCKS` | `CONFIG_QPW` | [`Policy`], [`Builder::policy`] | `queue` | `remote`; `isolated` picks per CPU |
+//! | `pwlocks=` / `CONFIG_PWLOCKS` | `CONFIG_QPW` | [`Policy`], [`Builder::policy`] | `queue` | `remote`; `auto` (the default, the kernel's rule) and `isolated` pick per CPU |
+//! | isolation turns mode 1 on unless `pwlocks=` is given | same | [`Policy::Auto`], the default of [`Qpw::new`] and [`Qpw::builder`] | on housekeeping CPUs | on isolated and `nohz_full` CPUs |
 //! | `DEFINE_PER_CPU` + `pw_lock_init` | `qpw_lock_init` | [`Qpw::per_cpu`] | | |
 //! | `pw_lock_local(l)` | `local_qpw_lock` | [`PerCpu::lock_local`] | lock the caller's CPU | same |
 //! | `pw_trylock_local(l)` | `local_qpw_trylock` | [`PerCpu::try_lock_local`] | try the caller's CPU | same |
