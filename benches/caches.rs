@@ -47,7 +47,9 @@ impl Cache {
         let (s, k) = (stock.clone(), sink.clone());
         let work = qpw
             .work(move |ctx| {
-                let mut local = s.lock_work(ctx);
+                let Ok(mut local) = s.lock_work(ctx) else {
+                    return; // a remote run past its drain's deadline: the drain reports it
+                };
                 k.fetch_add(*local, Ordering::Relaxed);
                 *local = 0;
             })

@@ -25,7 +25,9 @@ fn smoke_queue_and_remote() {
         let qpw = instance(policy);
         let counters = Arc::new(qpw.per_cpu(|_| 0u64));
         let c = counters.clone();
-        let work = qpw.work(move |ctx| *c.lock_work(ctx) += 1).unwrap();
+        let work = qpw
+            .work(move |ctx| *c.lock_work(ctx).unwrap() += 1)
+            .unwrap();
         for cpu in qpw.cpus().iter() {
             work.queue_on(cpu).unwrap();
             work.flush(cpu).unwrap();
@@ -74,12 +76,16 @@ fn remote_mode_runs_in_the_caller_before_queue_on_returns() {
         })
         .unwrap();
     let me = thread::current().id();
+    // Bound to the first CPU: runs for it happen on one of its own threads, so they are not
+    // remote (`pw_is_cpu_remote`); runs for the others are.
+    let home = qpw.cpus().first().unwrap();
+    let _bound = qpw.bind_current(home).unwrap();
     for cpu in qpw.cpus().iter() {
         *ran.lock().unwrap() = None;
         assert!(!work.is_queued(cpu).unwrap());
         assert!(work.queue_on(cpu).unwrap());
         // No flush: the run must already have happened, here.
-        assert_eq!(*ran.lock().unwrap(), Some((cpu, me, true)));
+        assert_eq!(*ran.lock().unwrap(), Some((cpu, me, cpu != home)));
         work.flush(cpu).unwrap();
     }
 }
@@ -130,7 +136,7 @@ fn fifo_spinner_stalls_queue_mode_but_not_remote_mode() {
         let qpw = instance(policy.clone());
         let stock = Arc::new(qpw.per_cpu(|_| 64u32));
         let s = stock.clone();
-        let drain = qpw.work(move |ctx| *s.lock_work(ctx) = 0).unwrap();
+        let drain = qpw.work(move |ctx| *s.lock_work(ctx).unwrap() = 0).unwrap();
         if policy == Policy::Queue {
             // Let the worker get to sleep on its CPU before the spinner takes it.
             drain.queue_on(target).unwrap();
@@ -202,7 +208,7 @@ fn queue_mode_drain_completes_against_a_tight_locker() {
     let (c, d) = (cache.clone(), drained.clone());
     let drain = qpw
         .work(move |ctx| {
-            let mut local = c.lock_work(ctx);
+            let mut local = c.lock_work(ctx).unwrap();
             d.fetch_add(*local as usize, Ordering::SeqCst);
             *local = 0;
         })
@@ -267,10 +273,27 @@ fn a_panicking_item_is_reported_and_the_worker_lives_on() {
             })
             .unwrap();
 
-        flaky.queue_on(cpu).unwrap();
+        // A queued run's panic is reported by the flush that waits for it; a remote run's by
+        // the `queue_on` that ran it (and not again by the flush).
+        let queued = flaky.queue_on(cpu);
         next.queue_on(cpu).unwrap();
-        match flaky.flush(cpu) {
-            Err(Error::WorkPanicked { cpu: c, message }) => {
+        let flushed = flaky.flush(cpu);
+        let reported = match policy {
+            Policy::Remote => {
+                flushed.unwrap();
+                queued
+            }
+            _ => {
+                assert!(queued.unwrap());
+                flushed.map(|()| true)
+            }
+        };
+        match reported {
+            Err(Error::WorkPanicked {
+                cpu: c,
+                message,
+                runs: 1,
+            }) => {
                 assert_eq!(c, cpu);
                 assert_eq!(message, format!("boom on cpu {cpu}"));
             }
@@ -342,6 +365,9 @@ fn shutdown_runs_every_pending_item_and_refuses_new_ones() {
     ));
 }
 
+/// The drop of the last handle stops the instance without waiting (it may run on a worker, or
+/// in a thread holding a lock the work needs): the work already queued still runs, and a flush
+/// waits for it.
 #[test]
 fn dropping_the_instance_runs_pending_work() {
     let qpw = instance(Policy::Queue);
@@ -357,7 +383,12 @@ fn dropping_the_instance_runs_pending_work() {
     for cpu in qpw.cpus().iter() {
         work.queue_on(cpu).unwrap();
     }
+    let cpus = qpw.cpus().clone();
     drop(qpw);
+    for cpu in cpus.iter() {
+        assert_eq!(work.queue_on(cpu), Err(Error::ShutDown { cpu }));
+        work.flush(cpu).unwrap();
+    }
     assert_eq!(runs.load(Ordering::SeqCst), n);
 }
 
@@ -428,7 +459,7 @@ fn logical_cpus_are_reported_as_such() {
     );
     let counters = Arc::new(qpw.per_cpu(|_| 1u32));
     let c = counters.clone();
-    let drain = qpw.work(move |ctx| *c.lock_work(ctx) = 0).unwrap();
+    let drain = qpw.work(move |ctx| *c.lock_work(ctx).unwrap() = 0).unwrap();
     let report = drain.drain_all(|cpu| cpu % 2 == 0).into_result().unwrap();
     assert_eq!(report.ran_remote.len(), 64);
     assert_eq!(report.skipped.len(), 64);
@@ -475,7 +506,8 @@ fn bad_input_gets_a_clear_error() {
     let err = "fast".parse::<Policy>().unwrap_err().to_string();
     assert_eq!(
         err,
-        "unknown mode `fast`: expected `queue`, `remote`, `isolated`, or `remote:<cpu-list>`"
+        "unknown mode `fast`: expected `auto`, `queue`, `remote`, `isolated`, or \
+         `remote:<cpu-list>`"
     );
 
     let work = qpw.work(|_| {}).unwrap();

@@ -25,7 +25,7 @@ fn stress(qpw: Qpw) {
     let (c, d) = (counters.clone(), drained.clone());
     let drain = qpw
         .work(move |ctx| {
-            let mut local = c.lock_work(ctx);
+            let mut local = c.lock_work(ctx).unwrap();
             d.fetch_add(*local, Ordering::Relaxed);
             *local = 0;
         })

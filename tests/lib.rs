@@ -147,3 +147,29 @@ pub fn one_queue_cpu() -> Qpw {
         .build()
         .expect("build the instance")
 }
+
+/// Runs `f` on a thread of its own and fails the calling test if `f` has not returned within
+/// `limit`: a hang becomes a failure that names `what`, not a CI job stuck for hours. A panic
+/// of `f` is passed on as it is. A hung thread cannot be killed: it is left behind, blocked,
+/// until the test process exits.
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = thread::Builder::new()
+        .name(format!("within/{what}"))
+        .spawn(move || {
+            let _ = tx.send(std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)));
+        })
+        .expect("spawn the watched thread");
+    match rx.recv_timeout(limit) {
+        Ok(Ok(value)) => {
+            let _ = handle.join();
+            value
+        }
+        Ok(Err(payload)) => std::panic::resume_unwind(payload),
+        Err(_) => panic!("{what}: still running after {limit:?}, a hang"),
+    }
+}

@@ -58,7 +58,7 @@ fn loom_queue_on_flush_with_concurrent_requeue() {
             let (cache, sink) = (cache.clone(), sink.clone());
             Arc::new(
                 qpw.work(move |ctx| {
-                    let mut local = cache.lock_work(ctx);
+                    let mut local = cache.lock_work(ctx).unwrap();
                     sink.lock().unwrap().append(&mut local);
                 })
                 .unwrap(),
@@ -140,7 +140,7 @@ fn loom_queue_and_remote_cpus_in_one_instance() {
         let drain = {
             let (cache, sink) = (cache.clone(), sink.clone());
             qpw.work(move |ctx| {
-                let mut local = cache.lock_work(ctx);
+                let mut local = cache.lock_work(ctx).unwrap();
                 sink.lock().unwrap().append(&mut local);
             })
             .unwrap()
@@ -167,5 +167,41 @@ fn loom_queue_and_remote_cpus_in_one_instance() {
         let mut all = sink.lock().unwrap().clone();
         all.sort_unstable();
         assert_eq!(all, [1, 2]);
+    });
+}
+
+/// `shutdown` racing a remote-mode `queue_on` (issue 13, case 1): the run is either refused
+/// with `ShutDown`, or accepted and finished by the time `shutdown` returns. Never a run after
+/// the shutdown, never one lost, and a `queue_on` after it is refused.
+#[test]
+fn loom_shutdown_races_remote_queue_on() {
+    loom::model(|| {
+        let qpw = instance(1, Policy::Remote);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let work = {
+            let runs = runs.clone();
+            qpw.work(move |_| {
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap()
+        };
+        let racer = {
+            let work = work.clone();
+            thread::spawn(move || match work.queue_on(0) {
+                Ok(true) => 1,
+                Err(Error::ShutDown { cpu: 0 }) => 0,
+                other => panic!("unexpected {other:?}"),
+            })
+        };
+        let report = qpw.shutdown();
+        let seen_at_return = runs.load(Ordering::SeqCst);
+        let accepted = racer.join().unwrap();
+        assert_eq!(
+            seen_at_return, accepted,
+            "an accepted remote run finishes before shutdown returns; a refused one never runs"
+        );
+        assert_eq!(report.ran, 0, "no worker in remote mode");
+        assert_eq!(work.queue_on(0), Err(Error::ShutDown { cpu: 0 }));
+        assert_eq!(runs.load(Ordering::SeqCst), accepted);
     });
 }

@@ -172,7 +172,7 @@ fn loom_rseq_per_cpu_with_queued_drain() {
         let drain = {
             let (cache, sink) = (cache.clone(), sink.clone());
             qpw.work(move |ctx| {
-                let mut local = cache.lock_work(ctx);
+                let mut local = cache.lock_work(ctx).unwrap();
                 sink.lock().unwrap().append(&mut local);
             })
             .unwrap()

@@ -47,7 +47,7 @@ fn yield_now() {
 
 #[test]
 fn smoke_rseq_lock_local_and_refusals() {
-    let qpw = Qpw::new(Policy::Queue).unwrap();
+    let qpw = Qpw::with_policy(Policy::Queue).unwrap();
     let counters = qpw.per_cpu_with::<RseqLock, _>(|_| 0u64).unwrap();
     for _ in 0..1000 {
         *counters.lock_local().unwrap() += 1;
@@ -99,14 +99,14 @@ fn stress_rseq_lock_with_preemption_and_migration() {
     }
 
     let allowed = qpw_core::allowed_cpus().unwrap();
-    let qpw = Arc::new(Qpw::new(Policy::Queue).unwrap());
+    let qpw = Arc::new(Qpw::with_policy(Policy::Queue).unwrap());
     let counters = Arc::new(qpw.per_cpu_with::<RseqLock, _>(|_| 0u64).unwrap());
     let drained = Arc::new(AtomicU64::new(0));
     let drain = {
         let (c, d) = (counters.clone(), drained.clone());
         Arc::new(
             qpw.work(move |ctx| {
-                let mut local = c.lock_work(ctx);
+                let mut local = c.lock_work(ctx).unwrap();
                 d.fetch_add(*local, Ordering::Relaxed);
                 *local = 0;
             })
@@ -212,7 +212,11 @@ fn stress_rseq_lock_with_preemption_and_migration() {
     let report = qpw.shutdown();
     assert!(report.panicked.is_empty(), "{:?}", report.panicked);
     let mut counters = Arc::try_unwrap(counters).expect("the only handle left");
-    let left: u64 = counters.iter_mut().map(|(_, n)| *n).sum();
+    let left: u64 = counters
+        .iter_mut()
+        .expect("the only handle left")
+        .map(|(_, n)| *n)
+        .sum();
     assert_eq!(left, 0);
 }
 
@@ -254,7 +258,7 @@ fn fifo_worker_drains_against_a_looping_same_cpu_holder() {
     let drain = {
         let (c, d) = (counters.clone(), drained.clone());
         qpw.work(move |ctx| {
-            let mut local = c.lock_work(ctx);
+            let mut local = c.lock_work(ctx).unwrap();
             d.fetch_add(*local, Ordering::Relaxed);
             *local = 0;
         })

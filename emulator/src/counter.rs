@@ -73,7 +73,9 @@ impl Counter {
         let (c, n, g) = (cache.clone(), nonempty.clone(), global.clone());
         let drain = qpw.work(move |ctx| {
             // Take the CPU's cache under its lock and move it to the global total.
-            let mut local = c.lock_work(ctx);
+            let Ok(mut local) = c.lock_work(ctx) else {
+                return; // a remote run past its drain's deadline: the drain reports it
+            };
             let moved = std::mem::take(&mut local.cached);
             if let Ok(i) = index.binary_search(&ctx.cpu()) {
                 n[i].store(false, Ordering::Relaxed);

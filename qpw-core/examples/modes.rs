@@ -17,7 +17,7 @@ use qpw_core::{Policy, Qpw};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for policy in [Policy::Queue, Policy::Remote] {
-        let qpw = Arc::new(Qpw::new(policy)?);
+        let qpw = Arc::new(Qpw::with_policy(policy)?);
         println!("{}", qpw.describe());
 
         // Per-CPU caches of "pages", filled by a thread bound to each CPU.
@@ -38,7 +38,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let global = Arc::new(AtomicU64::new(0));
         let (c, g) = (cache.clone(), global.clone());
         let drain = qpw.work(move |ctx| {
-            let mut local = c.lock_work(ctx);
+            let Ok(mut local) = c.lock_work(ctx) else {
+                return; // a remote run past its drain's deadline: the drain reports it
+            };
             g.fetch_add(*local, Ordering::Relaxed);
             *local = 0;
             let ran_on = qpw_core::current_cpu().map_or("?".to_string(), |c| c.to_string());

@@ -43,7 +43,7 @@ fn thread_affinity(tid: libc::pid_t) -> Result<CpuSet> {
     if rc != 0 {
         return Err(Error::Affinity {
             cpu: 0,
-            source: io::Error::last_os_error(),
+            source: io::Error::last_os_error().into(),
         });
     }
     Ok((0..=CpuSet::MAX_CPU)
@@ -94,7 +94,7 @@ pub fn set_current_affinity(cpus: &CpuSet) -> Result<()> {
         if rc != 0 {
             return Err(Error::Affinity {
                 cpu: first,
-                source: io::Error::last_os_error(),
+                source: io::Error::last_os_error().into(),
             });
         }
         Ok(())
@@ -161,7 +161,7 @@ pub fn set_current_fifo(priority: i32) -> Result<()> {
         if rc != 0 {
             return Err(Error::SchedFifo {
                 priority,
-                source: io::Error::last_os_error(),
+                source: io::Error::last_os_error().into(),
             });
         }
         Ok(())
@@ -187,7 +187,7 @@ pub(crate) fn pin_thread(thread: libc::pthread_t, cpu: usize) -> Result<()> {
     if rc != 0 {
         return Err(Error::Affinity {
             cpu,
-            source: io::Error::from_raw_os_error(rc),
+            source: io::Error::from_raw_os_error(rc).into(),
         });
     }
     Ok(())
@@ -207,7 +207,7 @@ pub(crate) fn set_thread_fifo(thread: libc::pthread_t, priority: i32) -> Result<
     if rc != 0 {
         return Err(Error::SchedFifo {
             priority,
-            source: io::Error::from_raw_os_error(rc),
+            source: io::Error::from_raw_os_error(rc).into(),
         });
     }
     Ok(())
@@ -223,7 +223,7 @@ pub fn set_current_normal() -> Result<()> {
         if rc != 0 {
             return Err(Error::SchedFifo {
                 priority: 0,
-                source: io::Error::last_os_error(),
+                source: io::Error::last_os_error().into(),
             });
         }
     }

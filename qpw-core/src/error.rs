@@ -1,13 +1,18 @@
 //! The crate's one error type.
 
+use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::CpuSet;
 
 /// Everything that can go wrong in qpw-core. Each message names the bad input and, where there
 /// is one, the legal range.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Clone` and `PartialEq`, so that a report can be copied and compared: the system's own
+/// errors are held as an [`OsError`], which compares by kind, OS error number and message.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A CPU list such as `0-`, `5-2` or `x` that does not parse.
@@ -61,7 +66,8 @@ pub enum Error {
 
     /// A mode policy name that is not one of ours.
     #[error(
-        "unknown mode `{input}`: expected `queue`, `remote`, `isolated`, or `remote:<cpu-list>`"
+        "unknown mode `{input}`: expected `auto`, `queue`, `remote`, `isolated`, or \
+         `remote:<cpu-list>`"
     )]
     UnknownMode {
         /// The name as given.
@@ -126,6 +132,33 @@ pub enum Error {
         cpu: usize,
     },
 
+    /// A `remote:<cpu-list>` policy naming a CPU that the instance does not manage.
+    #[error(
+        "policy `{policy}` names cpu {cpu}, which is not in the managed set {managed}: list \
+         only managed CPUs"
+    )]
+    PolicyCpuNotManaged {
+        /// The policy as given.
+        policy: String,
+        /// The first CPU of its list that is not managed.
+        cpu: usize,
+        /// The CPUs the instance manages.
+        managed: CpuSet,
+    },
+
+    /// `lock_local` (or another access to "the caller's CPU") from a thread that runs on a
+    /// CPU the instance does not manage.
+    #[error(
+        "the calling thread runs on cpu {cpu}, which is not in the managed set {managed}: \
+         bind it to a managed CPU with `Qpw::bind_current` first"
+    )]
+    CallerNotManaged {
+        /// The CPU the caller runs on.
+        cpu: usize,
+        /// The CPUs the instance manages.
+        managed: CpuSet,
+    },
+
     /// `lock_local` from a thread whose CPU the instance cannot tell.
     #[error(
         "the calling thread's CPU is unknown to this instance of {managed}: bind it with \
@@ -150,13 +183,51 @@ pub enum Error {
         timeout: Duration,
     },
 
-    /// A work item panicked while it ran.
-    #[error("work on cpu {cpu} panicked: {message}")]
+    /// A remote-mode run under a drain's deadline ([`PerCpuWork::drain_all_timeout`]) that
+    /// could not take the target CPU's lock before the deadline: another thread held it (or
+    /// the caller itself, or the run, which had locked it already). The run gave up at
+    /// [`PerCpu::lock_work`], which returned this error to it.
+    ///
+    /// [`PerCpuWork::drain_all_timeout`]: crate::PerCpuWork::drain_all_timeout
+    /// [`PerCpu::lock_work`]: crate::PerCpu::lock_work
+    #[error(
+        "the remote run for cpu {cpu} gave up after waiting {waited:?} for the CPU's lock \
+         (drain deadline {timeout:?}): a thread held it, possibly the caller itself"
+    )]
+    LockStall {
+        /// The CPU whose lock was busy.
+        cpu: usize,
+        /// How long the drain had run when the run gave up.
+        waited: Duration,
+        /// The drain's timeout.
+        timeout: Duration,
+    },
+
+    /// A work item panicked while it ran: `runs` runs of it panicked since the last report,
+    /// the first with `message`.
+    #[error(
+        "work on cpu {cpu} panicked: {message}{}",
+        if *runs > 1 { format!(" ({runs} runs panicked since the last report; this is the first)") } else { String::new() }
+    )]
     WorkPanicked {
         /// The CPU the work ran for.
         cpu: usize,
-        /// The panic's message.
+        /// The first panic's message.
         message: String,
+        /// How many runs panicked (1 unless the item ran several times between two flushes).
+        runs: usize,
+    },
+
+    /// A flush that would wait for the calling thread itself: the caller is the thread that
+    /// runs `cpu`'s queue (its worker, running a work item, or the owner of owner-only state,
+    /// polling), and the flush needs a run that is still waiting in that queue.
+    #[error(
+        "cannot flush work for cpu {cpu} from the thread that runs cpu {cpu}'s queue: it would \
+         wait for itself (the work runs once the current item returns)"
+    )]
+    SelfFlush {
+        /// The CPU whose queue the caller runs.
+        cpu: usize,
     },
 
     /// Work queued after the instance began to shut down.
@@ -182,7 +253,7 @@ pub enum Error {
         /// The priority asked for.
         priority: i32,
         /// The system's answer.
-        source: std::io::Error,
+        source: OsError,
     },
 
     /// `sched_setaffinity` or `sched_getaffinity` failed.
@@ -191,7 +262,7 @@ pub enum Error {
         /// The CPU asked for.
         cpu: usize,
         /// The system's answer.
-        source: std::io::Error,
+        source: OsError,
     },
 
     /// A worker thread could not be started.
@@ -200,7 +271,7 @@ pub enum Error {
         /// The worker's CPU.
         cpu: usize,
         /// The system's answer.
-        source: std::io::Error,
+        source: OsError,
     },
 
     /// A sysfs file could not be read.
@@ -209,7 +280,7 @@ pub enum Error {
         /// The file.
         path: PathBuf,
         /// The system's answer.
-        source: std::io::Error,
+        source: OsError,
     },
 
     /// A sysfs file whose contents do not parse.
@@ -222,5 +293,68 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// Whether this is a stall: a drain or flush that did not complete in time, because a
+    /// queue-mode worker (or an owner) did not run the work ([`Error::Stall`]) or a remote run
+    /// could not take the CPU's lock ([`Error::LockStall`]).
+    pub fn is_stall(&self) -> bool {
+        matches!(self, Error::Stall { .. } | Error::LockStall { .. })
+    }
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An error from the operating system, as [`Error`] holds it: a shared [`std::io::Error`]
+/// that can be cloned and compared (by kind, OS error number and message).
+#[derive(Clone)]
+pub struct OsError(Arc<std::io::Error>);
+
+impl OsError {
+    /// The error as the standard library reports it.
+    pub fn io(&self) -> &std::io::Error {
+        &self.0
+    }
+
+    /// The OS error number (`errno`), if there is one.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        self.0.raw_os_error()
+    }
+
+    /// The error's kind.
+    pub fn kind(&self) -> std::io::ErrorKind {
+        self.0.kind()
+    }
+}
+
+impl From<std::io::Error> for OsError {
+    fn from(error: std::io::Error) -> Self {
+        Self(Arc::new(error))
+    }
+}
+
+impl PartialEq for OsError {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind() == other.kind()
+            && self.raw_os_error() == other.raw_os_error()
+            && self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl fmt::Debug for OsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Display for OsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for OsError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}

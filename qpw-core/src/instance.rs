@@ -12,6 +12,7 @@ use std::marker::PhantomData;
 use std::path::PathBuf;
 
 use crate::affinity;
+use crate::gate::RunGate;
 use crate::sync::thread_local;
 use crate::work::WorkerPool;
 use crate::{CpuSet, Error, Mode, PerCpu, PerCpuWork, Policy, Result, Topology, WorkCtx};
@@ -60,20 +61,26 @@ impl Builder {
         self
     }
 
-    /// How to choose each CPU's mode (default: all queue, like the kernel).
+    /// How to choose each CPU's mode (default: [`Policy::Auto`], the kernel's rule: remote on
+    /// the isolated and `nohz_full` CPUs, queue elsewhere, queue everywhere without
+    /// isolation). An explicit policy always wins. A [`Policy::RemoteOn`] list must name
+    /// managed CPUs only: [`build`](Self::build) refuses others with
+    /// [`Error::PolicyCpuNotManaged`].
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
     }
 
-    /// The topology to take isolated CPUs from (default: read from `/sys` when the policy is
-    /// [`Policy::Isolated`]).
+    /// The topology to take isolated CPUs from (default: read from `/sys` when the policy
+    /// follows the isolation, [`Policy::Auto`] or [`Policy::Isolated`]; another policy ignores
+    /// it).
     pub fn topology(mut self, topology: Topology) -> Self {
         self.topology = Some(topology);
         self
     }
 
-    /// Reads the topology from this sysfs root instead of `/sys` (for tests with a fake tree).
+    /// Reads the topology from this sysfs root instead of `/sys` (for tests with a fake tree),
+    /// if the policy needs the topology at all: otherwise the root is not opened.
     pub fn sysfs_root(mut self, root: impl Into<PathBuf>) -> Self {
         self.sysfs_root = Some(root.into());
         self
@@ -121,12 +128,24 @@ impl Builder {
             return Err(Error::EmptyCpuSet);
         }
 
-        let needs_topology = matches!(self.policy, Policy::Isolated);
+        if let Policy::RemoteOn(list) = &self.policy {
+            if let Some(cpu) = list.iter().find(|&c| !managed.contains(c)) {
+                return Err(Error::PolicyCpuNotManaged {
+                    policy: self.policy.to_string(),
+                    cpu,
+                    managed,
+                });
+            }
+        }
+
+        // Only the policies that follow the isolation read the topology (a sysfs root given
+        // for another policy is not even opened).
+        let needs_topology = self.policy.follows_isolation();
         let topology = match (self.topology, self.sysfs_root) {
+            _ if !needs_topology => None,
             (Some(t), _) => Some(t),
             (None, Some(root)) => Some(Topology::read_from(root)?),
-            (None, None) if needs_topology => Some(Topology::read()?),
-            (None, None) => None,
+            (None, None) => Some(Topology::read()?),
         };
         let isolated = topology
             .as_ref()
@@ -161,14 +180,20 @@ impl Builder {
             policy: self.policy,
             isolated,
             workers: WorkerPool::new(self.worker_priority),
+            gate: RunGate::new(),
         });
+        // The handle first, so that an error below stops the workers started so far.
+        let qpw = Qpw {
+            handle: crate::sync::Arc::new(Handle { inner }),
+        };
         // Start the workers of the queue-mode CPUs now, so that a permission error surfaces here.
+        let inner = qpw.inner();
         for idx in 0..inner.modes.len() {
             if inner.modes[idx] == Mode::Queue {
                 inner.worker(idx)?;
             }
         }
-        Ok(Qpw { inner })
+        Ok(qpw)
     }
 }
 
@@ -196,6 +221,30 @@ pub(crate) fn set_binding(binding: Option<(u64, usize)>) -> Option<(u64, usize)>
     BINDING.with(|b| b.replace(binding))
 }
 
+/// One live [`Binding`] of the calling thread.
+#[derive(Debug, Clone)]
+struct Bound {
+    /// The binding's number, unique in the thread.
+    id: u64,
+    instance: u64,
+    cpu: usize,
+    phys: usize,
+}
+
+/// The calling thread's live bindings, oldest first, and what it was before the first: the
+/// newest binding is the one in force, whatever order they are dropped in.
+#[derive(Debug, Default)]
+struct BindStack {
+    live: Vec<Bound>,
+    /// The registration and affinity before the first live binding.
+    base: Option<(Option<(u64, usize)>, CpuSet)>,
+    next_id: u64,
+}
+
+thread_local! {
+    static BINDINGS: std::cell::RefCell<BindStack> = std::cell::RefCell::new(BindStack::default());
+}
+
 /// What every handle of an instance shares.
 pub(crate) struct Inner {
     pub(crate) id: u64,
@@ -210,6 +259,8 @@ pub(crate) struct Inner {
     policy: Policy,
     isolated: CpuSet,
     pub(crate) workers: WorkerPool,
+    /// What remote runs pass through: closed by a shutdown.
+    pub(crate) gate: RunGate,
 }
 
 impl fmt::Debug for Inner {
@@ -257,19 +308,63 @@ impl Inner {
         crate::rseq::cpu_now().filter(|&c| matches!(self.index.get(c), Some(&i) if i != usize::MAX))
     }
 
+    /// The error for a thread whose CPU this instance cannot use as "the caller's CPU": it
+    /// runs on an unmanaged CPU (physical instances), or its CPU cannot be told.
+    #[cold]
+    pub(crate) fn caller_error(&self) -> Error {
+        match affinity::current_cpu() {
+            Some(cpu) if !self.logical => Error::CallerNotManaged {
+                cpu,
+                managed: self.managed.clone(),
+            },
+            _ => Error::Unbound {
+                managed: self.managed.clone(),
+            },
+        }
+    }
+
     /// See [`Qpw::bind_current`].
     pub(crate) fn bind_current(&self, cpu: usize) -> Result<Binding> {
         let idx = self.idx(cpu)?;
-        let previous_affinity = affinity::current_affinity()?;
-        affinity::set_current_affinity(&CpuSet::from_iter([self.phys[idx]]))?;
-        let previous = set_binding(Some((self.id, cpu)));
+        let phys = self.phys[idx];
+        let before = affinity::current_affinity()?;
+        affinity::set_current_affinity(&CpuSet::from_iter([phys]))?;
+        let id = BINDINGS.with(|stack| {
+            let mut stack = stack.borrow_mut();
+            if stack.live.is_empty() {
+                stack.base = Some((binding(), before));
+            }
+            stack.next_id += 1;
+            let id = stack.next_id;
+            stack.live.push(Bound {
+                id,
+                instance: self.id,
+                cpu,
+                phys,
+            });
+            id
+        });
+        set_binding(Some((self.id, cpu)));
         #[cfg(loom)]
-        crate::rseq::mock::migrate_to(Some(self.phys[idx]));
+        crate::rseq::mock::migrate_to(Some(phys));
         Ok(Binding {
-            previous,
-            previous_affinity,
+            id,
+            cpu,
             _not_send: PhantomData,
         })
+    }
+
+    /// Stops the instance: refuses new work in every mode, stops the workers and closes the
+    /// mailboxes. With `wait`, also waits for the workers to finish their queues (except the
+    /// calling thread's own worker) and for the remote runs in flight (except those the
+    /// calling thread is inside), and reports what ran.
+    fn stop(&self, wait: bool) -> ShutdownReport {
+        self.gate.close();
+        let report = self.workers.shutdown(wait);
+        if wait {
+            self.gate.wait_idle();
+        }
+        report
     }
 
     /// The worker of slot `idx`, started on first use.
@@ -281,63 +376,93 @@ impl Inner {
 }
 
 /// A framework instance: the managed CPUs, their modes, and the workers of the queue-mode
-/// CPUs.
+/// CPUs. A handle: clones are cheap and share the instance.
 ///
-/// Dropping it (or calling [`Qpw::shutdown`]) stops the workers after they have run every item
-/// already queued, and closes the mailboxes of its owner-only state; work queued after that is
-/// refused with [`Error::ShutDown`].
+/// [`Qpw::shutdown`], or dropping the last handle, stops the instance: work queued from then
+/// on is refused with [`Error::ShutDown`] in every mode, the workers exit once they have run
+/// every item already queued, and the mailboxes of its owner-only state close.
+/// `shutdown` waits for that; the drop does not (see the crate's "Lifecycle and failure"
+/// section for why). [`PerCpu`] state and [`PerCpuWork`] items keep what they need alive, but
+/// not the instance running.
+#[derive(Clone)]
 pub struct Qpw {
+    handle: crate::sync::Arc<Handle>,
+}
+
+/// The instance as its handles hold it: the last one dropped stops it.
+struct Handle {
     inner: crate::sync::Arc<Inner>,
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // Never waits: the dropping thread may hold a lock that queued work needs, or be one
+        // of the workers (issue 13, cases 5 and 6). The workers finish their queues alone.
+        self.inner.stop(false);
+    }
 }
 
 impl fmt::Debug for Qpw {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.inner.fmt(f)
+        self.inner().fmt(f)
     }
 }
 
 impl Qpw {
+    #[inline]
+    fn inner(&self) -> &crate::sync::Arc<Inner> {
+        &self.handle.inner
+    }
+
     /// A builder, for CPU sets and policies other than the defaults.
     pub fn builder() -> Builder {
         Builder::default()
     }
 
-    /// An instance over the allowed CPUs with `policy`.
-    pub fn new(policy: Policy) -> Result<Self> {
+    /// An instance over the allowed CPUs, each CPU's mode chosen by the kernel's rule
+    /// ([`Policy::Auto`]): remote mode on the isolated and `nohz_full` CPUs, queue mode on the
+    /// others, queue mode everywhere on a machine without isolation. Reads `/sys`.
+    pub fn new() -> Result<Self> {
+        Self::builder().build()
+    }
+
+    /// An instance over the allowed CPUs with an explicit `policy`, which always wins over
+    /// the kernel's rule.
+    pub fn with_policy(policy: Policy) -> Result<Self> {
         Self::builder().policy(policy).build()
     }
 
     /// The managed CPUs.
     pub fn cpus(&self) -> &CpuSet {
-        &self.inner.managed
+        &self.inner().managed
     }
 
     /// Whether the CPUs are logical ones multiplexed onto fewer physical CPUs.
     pub fn is_logical(&self) -> bool {
-        self.inner.logical
+        self.inner().logical
     }
 
     /// The policy the modes were chosen by.
     pub fn policy(&self) -> &Policy {
-        &self.inner.policy
+        &self.inner().policy
     }
 
     /// The CPUs the policy treated as isolated.
     pub fn isolated(&self) -> &CpuSet {
-        &self.inner.isolated
+        &self.inner().isolated
     }
 
     /// The mode of `cpu`.
     pub fn mode(&self, cpu: usize) -> Result<Mode> {
-        Ok(self.inner.modes[self.inner.idx(cpu)?])
+        Ok(self.inner().modes[self.inner().idx(cpu)?])
     }
 
     /// The managed CPUs in `mode`.
     pub fn cpus_in(&self, mode: Mode) -> CpuSet {
-        self.inner
+        self.inner()
             .managed
             .iter()
-            .zip(&self.inner.modes)
+            .zip(&self.inner().modes)
             .filter(|&(_, &m)| m == mode)
             .map(|(c, _)| c)
             .collect()
@@ -345,35 +470,69 @@ impl Qpw {
 
     /// The physical CPU that `cpu`'s threads run on (itself, unless the CPUs are logical).
     pub fn physical_cpu(&self, cpu: usize) -> Result<usize> {
-        Ok(self.inner.phys[self.inner.idx(cpu)?])
+        Ok(self.inner().phys[self.inner().idx(cpu)?])
     }
 
-    /// The kernel's `pw_is_cpu_remote(cpu)`: true when `cpu` is in remote mode and is not the
-    /// caller's CPU, i.e. when work for it would run here, on another CPU.
-    pub fn is_cpu_remote(&self, cpu: usize) -> bool {
-        matches!(self.mode(cpu), Ok(Mode::Remote)) && self.inner.current_cpu() != Some(cpu)
+    /// The kernel's `pw_is_cpu_remote(cpu)`: true when `cpu` is in remote mode and the caller
+    /// is not one of its threads, i.e. when work for it would run here, on another CPU. Inside
+    /// a run, the same answer as [`WorkCtx::is_remote`]. [`Error::CpuNotManaged`] for a CPU
+    /// the instance does not manage.
+    pub fn is_cpu_remote(&self, cpu: usize) -> Result<bool> {
+        Ok(self.mode(cpu)? == Mode::Remote && self.inner().current_cpu() != Some(cpu))
     }
 
     /// The CPU of this instance that the calling thread belongs to, if it can be told.
     pub fn current_cpu(&self) -> Option<usize> {
-        self.inner.current_cpu()
+        self.inner().current_cpu()
     }
 
     /// A one-line description for reports, saying whether the CPUs are physical or logical,
-    /// which mode each has, where an unbound thread's CPU is read from (the rseq area or
+    /// which mode each has and which rule chose it (the kernel's rule by default, or the
+    /// explicit policy), where an unbound thread's CPU is read from (the rseq area or
     /// `sched_getcpu`), and which protocol [`RseqLock`](crate::RseqLock) uses in this process
     /// (`rseq`, or the `fair` fallback; [`rseq::status`](crate::rseq::status) says why).
+    ///
+    /// ```
+    /// use qpw_core::{FakeSysfs, Mode, Qpw};
+    ///
+    /// // A fake sysfs in which this machine's last allowed CPU runs `nohz_full`.
+    /// let allowed = qpw_core::allowed_cpus()?;
+    /// let last = allowed.last().unwrap();
+    /// let root = std::env::temp_dir().join(format!("qpw-describe-{}", std::process::id()));
+    /// FakeSysfs::new(&allowed.to_string()).nohz_full(&last.to_string()).write(&root)?;
+    /// let qpw = Qpw::builder().sysfs_root(&root).build()?; // no policy: the kernel's rule
+    /// # std::fs::remove_dir_all(&root).ok();
+    /// assert_eq!(qpw.mode(last)?, Mode::Remote);
+    /// let text = qpw.describe();
+    /// assert!(text.contains("policy auto (the default: the kernel's rule)"), "{text}");
+    /// assert!(text.contains(&format!("remote on {last} (isolated or nohz_full)")), "{text}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn describe(&self) -> String {
         let queue = self.cpus_in(Mode::Queue);
         let remote = self.cpus_in(Mode::Remote);
-        let kind = if self.inner.logical {
-            let phys: CpuSet = self.inner.phys.iter().copied().collect();
+        let policy = &self.inner().policy;
+        let origin = if policy.is_explicit() {
+            "explicit"
+        } else {
+            "the default: the kernel's rule"
+        };
+        let clause = |mode: Mode, set: &CpuSet| {
+            if set.is_empty() {
+                format!("{mode} on {set}")
+            } else {
+                let why = policy.reason(mode, !remote.is_empty());
+                format!("{mode} on {set} ({why})")
+            }
+        };
+        let kind = if self.inner().logical {
+            let phys: CpuSet = self.inner().phys.iter().copied().collect();
             format!(
                 "{} logical CPUs multiplexed onto physical CPUs {phys}",
-                self.inner.managed.len()
+                self.inner().managed.len()
             )
         } else {
-            format!("physical CPUs {}", self.inner.managed)
+            format!("physical CPUs {}", self.inner().managed)
         };
         let cpu_source = if crate::rseq::available() {
             "rseq cpu_id"
@@ -381,9 +540,10 @@ impl Qpw {
             "sched_getcpu"
         };
         format!(
-            "{kind}; policy {}: queue on {queue}, remote on {remote}; unbound threads' CPU from \
+            "{kind}; policy {policy} ({origin}): {}, {}; unbound threads' CPU from \
              {cpu_source}; RseqLock uses {}",
-            self.inner.policy,
+            clause(Mode::Queue, &queue),
+            clause(Mode::Remote, &remote),
             crate::RseqLock::kind()
         )
     }
@@ -392,7 +552,7 @@ impl Qpw {
     /// that [`PerCpu::lock_local`] and the queue-mode [`PerCpu::lock`] know where it belongs.
     /// Dropping the returned [`Binding`] restores the previous affinity and registration.
     pub fn bind_current(&self, cpu: usize) -> Result<Binding> {
-        self.inner.bind_current(cpu)
+        self.inner().bind_current(cpu)
     }
 
     /// Per-CPU state for thread-per-core: each CPU's slot belongs to the one thread that
@@ -407,13 +567,13 @@ impl Qpw {
                 lock: "owner-only",
             });
         }
-        Ok(crate::OwnedPerCpu::new(self.inner.clone(), init))
+        Ok(crate::OwnedPerCpu::new(self.inner().clone(), init))
     }
 
     /// Per-CPU state, one slot per managed CPU, initialised with `init(cpu)`, each behind that
     /// CPU's [`FairLock`](crate::FairLock) (the kernel's `DEFINE_PER_CPU` plus `pw_lock_init`).
     pub fn per_cpu<T>(&self, init: impl FnMut(usize) -> T) -> PerCpu<T> {
-        PerCpu::new(self.inner.clone(), init)
+        PerCpu::new(self.inner().clone(), init)
     }
 
     /// Like [`per_cpu`](Self::per_cpu), with the local lock `L` chosen by type: for example
@@ -424,7 +584,7 @@ impl Qpw {
     /// ```
     /// use qpw_core::{FairLock, Policy, Qpw, RseqLock};
     ///
-    /// let qpw = Qpw::new(Policy::Queue)?;
+    /// let qpw = Qpw::with_policy(Policy::Queue)?;
     /// let fair = qpw.per_cpu_with::<FairLock, _>(|_| 0u32)?; // the same as `per_cpu`
     /// let rseq = qpw.per_cpu_with::<RseqLock, _>(|_| 0u32)?;
     /// *rseq.lock_local()? += 1;
@@ -443,16 +603,23 @@ impl Qpw {
                 });
             }
         }
-        Ok(PerCpu::new(self.inner.clone(), init))
+        Ok(PerCpu::new(self.inner().clone(), init))
     }
 
     /// A per-CPU work item (`struct pw_struct` on every CPU, `INIT_PW`): `func` runs once per
-    /// [`PerCpuWork::queue_on`], for the CPU named in its [`WorkCtx`].
+    /// [`PerCpuWork::queue_on`], for the CPU named in its [`WorkCtx`]. It reserves one place
+    /// in each worker's queue, given back when its last handle is dropped.
+    /// [`Error::ShutDown`] once the instance has stopped and a queue-mode CPU would need its
+    /// worker.
     pub fn work<F>(&self, func: F) -> Result<PerCpuWork>
     where
         F: Fn(&WorkCtx) + Send + Sync + 'static,
     {
-        PerCpuWork::new(self.inner.clone(), crate::sync::SharedFn::new(func), false)
+        PerCpuWork::new(
+            self.inner().clone(),
+            crate::sync::SharedFn::new(func),
+            false,
+        )
     }
 
     /// A per-CPU work item that must really run *on* its CPU, so it is queued to that CPU's
@@ -463,24 +630,27 @@ impl Qpw {
     where
         F: Fn(&WorkCtx) + Send + Sync + 'static,
     {
-        PerCpuWork::new(self.inner.clone(), crate::sync::SharedFn::new(func), true)
+        PerCpuWork::new(self.inner().clone(), crate::sync::SharedFn::new(func), true)
     }
 
-    /// Stops the workers once each has run every item already queued, closes the mailboxes of
-    /// owner-only state ([`Qpw::owned_per_cpu`]; what waits there is left to the owners' next
-    /// polls), and says what ran during the shutdown. Work queued from now on is refused with
-    /// [`Error::ShutDown`].
-    pub fn shutdown(self) -> ShutdownReport {
-        self.inner.workers.shutdown()
+    /// Stops the instance, for every handle: work queued from now on is refused with
+    /// [`Error::ShutDown`] in every mode; then waits until the workers have run every item
+    /// already queued and exited, and until the remote runs already started have returned;
+    /// closes the mailboxes of owner-only state ([`Qpw::owned_per_cpu`]; what waits there is
+    /// left to the owners' next polls); and says what ran during the shutdown. A second call
+    /// finds nothing left to stop.
+    ///
+    /// Called from inside a run of this instance (on a worker, or in a remote run), it does
+    /// not wait for itself: not for the calling worker's own queue, which that worker
+    /// finishes after the current item, nor for the remote runs the caller is inside. Like a
+    /// flush, it waits for queued work that needs a lock the caller holds: release it first.
+    pub fn shutdown(&self) -> ShutdownReport {
+        self.inner().stop(true)
     }
-}
 
-impl Drop for Qpw {
-    fn drop(&mut self) {
-        let report = self.inner.workers.shutdown();
-        for (cpu, message) in &report.panicked {
-            eprintln!("qpw: work on cpu {cpu} panicked during shutdown: {message}");
-        }
+    /// Whether [`shutdown`](Self::shutdown) has been called.
+    pub fn is_shut_down(&self) -> bool {
+        self.inner().gate.is_closed()
     }
 }
 
@@ -500,7 +670,9 @@ pub struct ShutdownReport {
     /// Work items that were still queued when the shutdown began and ran before the workers
     /// exited.
     pub ran: usize,
-    /// The items among those that panicked, by CPU, with their messages.
+    /// The runs among those that panicked while no flush waited for them, by CPU, with their
+    /// messages (a flush that waited reports its run's panic itself; no panic is reported
+    /// twice).
     pub panicked: Vec<(usize, String)>,
     /// Work items waiting in the mailboxes of owner-only state
     /// ([`Qpw::owned_per_cpu`]) when the shutdown closed them: no worker runs those; each
@@ -510,26 +682,52 @@ pub struct ShutdownReport {
 
 /// The calling thread's registration with a CPU, from [`Qpw::bind_current`]. Not `Send`:
 /// it belongs to the thread it binds.
+///
+/// A thread may hold several; the newest one alive is in force. Dropping the one in force
+/// puts the thread back under the next newest (its CPU and pinning), or, when it was the last,
+/// back as it was before the first (its registration and affinity); dropping an older one only
+/// forgets it. So bindings may be dropped in any order.
 #[must_use = "dropping the binding unbinds the thread at once"]
 pub struct Binding {
-    previous: Option<(u64, usize)>,
-    previous_affinity: CpuSet,
+    id: u64,
+    cpu: usize,
     _not_send: PhantomData<*const ()>,
 }
 
 impl fmt::Debug for Binding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Binding")
-            .field("cpu", &binding().map(|(_, cpu)| cpu))
-            .finish()
+        f.debug_struct("Binding").field("cpu", &self.cpu).finish()
     }
 }
 
 impl Drop for Binding {
     fn drop(&mut self) {
-        set_binding(self.previous);
-        // The previous mask was valid when it was read; if the system has changed since, the
-        // thread simply stays pinned, which is safe.
-        let _ = affinity::set_current_affinity(&self.previous_affinity);
+        BINDINGS.with(|stack| {
+            let mut stack = stack.borrow_mut();
+            let Some(pos) = stack.live.iter().position(|b| b.id == self.id) else {
+                return;
+            };
+            let was_in_force = pos + 1 == stack.live.len();
+            stack.live.remove(pos);
+            if !was_in_force {
+                return;
+            }
+            // The mask restored was valid when it was read; if the system has changed since,
+            // the thread simply stays pinned, which is safe.
+            match stack.live.last() {
+                Some(top) => {
+                    set_binding(Some((top.instance, top.cpu)));
+                    let _ = affinity::set_current_affinity(&CpuSet::from_iter([top.phys]));
+                    #[cfg(loom)]
+                    crate::rseq::mock::migrate_to(Some(top.phys));
+                }
+                None => {
+                    if let Some((registration, mask)) = stack.base.take() {
+                        set_binding(registration);
+                        let _ = affinity::set_current_affinity(&mask);
+                    }
+                }
+            }
+        });
     }
 }

@@ -21,7 +21,8 @@
 //!
 //! | kernel (v4) | kernel (v1) | qpw | queue mode | remote mode |
 //! |---|---|---|---|---|
-//! | `pwlocks=` / `CONFIG_PWLOCKS` | `CONFIG_QPW` | [`Policy`], [`Builder::policy`] | `queue` | `remote`; `isolated` picks per CPU |
+//! | `pwlocks=` / `CONFIG_PWLOCKS` | `CONFIG_QPW` | [`Policy`], [`Builder::policy`] | `queue` | `remote`; `auto` (the default, the kernel's rule) and `isolated` pick per CPU |
+//! | isolation turns mode 1 on unless `pwlocks=` is given | same | [`Policy::Auto`], the default of [`Qpw::new`] and [`Qpw::builder`] | on housekeeping CPUs | on isolated and `nohz_full` CPUs |
 //! | `DEFINE_PER_CPU` + `pw_lock_init` | `qpw_lock_init` | [`Qpw::per_cpu`] | | |
 //! | `pw_lock_local(l)` | `local_qpw_lock` | [`PerCpu::lock_local`] | lock the caller's CPU | same |
 //! | `pw_trylock_local(l)` | `local_qpw_trylock` | [`PerCpu::try_lock_local`] | try the caller's CPU | same |
@@ -33,7 +34,7 @@
 //! | `pw_queue_on(cpu, wq, pw)` | `queue_percpu_work_on` | [`PerCpuWork::queue_on`] | post to the CPU's worker; `false` if already pending | run now in the caller; `true` |
 //! | `pw_flush(pw)` | `flush_percpu_work` | [`PerCpuWork::flush`], [`PerCpuWork::flush_timeout`] | wait for the runs queued so far | nothing to wait for |
 //! | `pw_get_cpu(work)` | `qpw_get_cpu` | [`WorkCtx::cpu`] | the worker's CPU | the target CPU |
-//! | `pw_is_cpu_remote(cpu)` | none | [`Qpw::is_cpu_remote`] | `false` | `cpu` is not the caller's |
+//! | `pw_is_cpu_remote(cpu)` | none | [`Qpw::is_cpu_remote`], [`WorkCtx::is_remote`] | `false` | the caller is not one of `cpu`'s threads |
 //! | `queue_work_on` kept in mode 1 (bh-LRU drain) | same | [`Qpw::work_on_cpu`] | queued | still queued |
 //! | `for_each_cpu` queue, then flush each | same | [`PerCpuWork::drain_all`] | | |
 //! | kworker bound to a CPU | same | the worker thread `qpw/<cpu>` | started at build | started only for [`Qpw::work_on_cpu`] items |
@@ -91,6 +92,68 @@
 //! [`Error::Stall`] after its timeout, as in queue mode. The details and the correctness
 //! argument of each are in [`RseqLock`], [`rseq`] and [`OwnedPerCpu`].
 //!
+//! # Lifecycle and failure
+//!
+//! What happens at the edges: when the instance stops, when a deadline passes, when work
+//! re-enters the framework, panics, or is dropped. The rule throughout: a clear error where
+//! one can be given, never a silent hang where one can be avoided cheaply, and a documented
+//! reason where it cannot.
+//!
+//! **Stopping.** [`Qpw`] is a handle; clones share the instance. [`Qpw::shutdown`] (from any
+//! handle) or the drop of the last handle stops it: from that moment every `queue_on` and
+//! every CPU of a `drain_all` is refused with [`Error::ShutDown`], in queue *and* remote mode
+//! (remote runs pass through a gate that the stop closes, so none starts after it). Work
+//! already queued still runs: each worker finishes its queue, then exits; an owner-only
+//! mailbox keeps what it holds for its owner's next poll. `shutdown` waits for the workers
+//! and for the remote runs already started in other threads, and reports what ran
+//! ([`ShutdownReport`]). The drop does not wait: the dropping thread may hold a lock that
+//! queued work needs, or be one of the instance's workers, and a drop cannot report a hang.
+//! Called from inside a run of the instance, `shutdown` does not wait for itself (its own
+//! worker's queue, the remote runs it is inside). [`PerCpu`] state and [`PerCpuWork`] items
+//! outlive the instance safely; they only get `ShutDown`.
+//!
+//! **Deadlines.** [`PerCpuWork::drain_all_timeout`] keeps one deadline for the whole drain in
+//! both modes: a queued CPU whose work has not run by then is an [`Error::Stall`]; a remote
+//! run that cannot take its CPU's lock by then (another thread holds it, or the caller itself)
+//! gets [`Error::LockStall`] from [`PerCpu::lock_work`], which is why `lock_work` returns a
+//! `Result`; the run returns and the drain reports the stall for that CPU
+//! ([`Error::is_stall`] covers both). Without a deadline (`queue_on`, `drain_all`) a remote
+//! run waits for the lock as long as it is held.
+//!
+//! **Re-entrant work.** A work item may queue work, including itself. A flush that would wait
+//! for the calling thread is refused with [`Error::SelfFlush`]: a work item on a CPU's worker
+//! flushing a run still in that worker's queue (itself, or another item queued to the same
+//! CPU), or an owner flushing its own mailbox while a run waits there; the run happens once
+//! the current item returns (or at the owner's next poll). What is not refused, because
+//! detecting it would cost every lock or flush a record of who holds what: a remote run that
+//! takes a lock its own thread already holds (the caller's guard, or `lock_work` twice in one
+//! run) waits for itself like a `Mutex` (a drain's deadline ends the wait with `LockStall`);
+//! a flush from a thread that holds the lock the flushed work needs waits for that work
+//! forever; and two workers flushing each other's CPUs wait for each other (the kernel's
+//! `flush_work` has the same hazards, which lockdep reports). Use `flush_timeout` and
+//! `drain_all_timeout` where such a cycle is possible.
+//!
+//! **Panics** are caught and reported exactly once, to the call they belong to: a remote
+//! run's to the `queue_on` or `drain_all` that ran it; a queued run's to the first flush that
+//! covers it (with the number of runs that panicked since the last report); a run that panics
+//! while `shutdown` waits for its worker, with no flush waiting, to the [`ShutdownReport`]. A
+//! panic that no call collected before its item was dropped is printed to stderr.
+//!
+//! **Memory.** A work item reserves room in each worker's queue so that posting never
+//! allocates, and gives it back when its last handle is dropped; dropping an item does not
+//! cancel its queued runs. Creating and dropping items leaves the heap where it was.
+//!
+//! **Threads.** [`Qpw::bind_current`] returns a [`Binding`]; a thread may hold several, and
+//! the newest alive is in force whatever order they are dropped in (so are owner claims,
+//! which bind). [`Qpw::is_cpu_remote`] and [`WorkCtx::is_remote`] give the same answer: the
+//! run happens on a thread that does not belong to the target CPU.
+//!
+//! **Bad input.** A `remote:<list>` policy naming a CPU outside the managed set is
+//! [`Error::PolicyCpuNotManaged`]; `is_cpu_remote` of an unmanaged CPU is
+//! [`Error::CpuNotManaged`]; `lock_local` from a thread running on an unmanaged CPU is
+//! [`Error::CallerNotManaged`], naming the caller's CPU. A sysfs root
+//! ([`Builder::sysfs_root`]) is read only by a policy that needs the topology.
+//!
 //! # An example
 //!
 //! ```
@@ -102,7 +165,7 @@
 //!     .cpus(CpuSpec::Logical(2))
 //!     .policy(Policy::RemoteOn("1".parse()?))
 //!     .build()?;
-//! let cache = Arc::new(qpw.per_cpu(|_cpu| Vec::<u32>::new()));
+//! let cache = qpw.per_cpu(|_cpu| Vec::<u32>::new()); // a handle: clones share the slots
 //!
 //! // Each CPU's own threads fill their cache.
 //! for cpu in 0..2 {
@@ -114,7 +177,9 @@
 //! let sink = Arc::new(std::sync::Mutex::new(Vec::new()));
 //! let (c, s) = (cache.clone(), sink.clone());
 //! let drain = qpw.work(move |ctx| {
-//!     let mut local = c.lock_work(ctx);
+//!     let Ok(mut local) = c.lock_work(ctx) else {
+//!         return; // only under a drain's deadline: the drain reports the stall
+//!     };
 //!     s.lock().unwrap().append(&mut local);
 //! })?;
 //! let report = drain.drain_all(|_cpu| true).into_result()?;
@@ -126,10 +191,17 @@
 
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 
+/// The workspace README's Rust snippet ("Using qpw-core"), run as a doctest so that it stays
+/// true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeSnippet;
+
 mod affinity;
 mod cpuset;
 pub mod cross_call;
 mod error;
+mod gate;
 mod instance;
 mod mode;
 pub mod owner;
@@ -147,7 +219,7 @@ pub use affinity::{
 };
 pub use cpuset::CpuSet;
 pub use cross_call::{CallCtx, CallTarget, CrossCallError};
-pub use error::{Error, Result};
+pub use error::{Error, OsError, Result};
 pub use instance::{Binding, Builder, CpuSpec, Qpw, ShutdownReport};
 pub use mode::{Mode, Policy};
 pub use owner::{OwnedGuard, OwnedPerCpu, Owner};

@@ -35,11 +35,19 @@ impl fmt::Display for Mode {
 
 /// How an instance chooses each CPU's [`Mode`]. Fixed when the instance is built.
 ///
-/// Parsed from `queue`, `remote`, `isolated`, or `remote:<cpu-list>`:
+/// The default, [`Policy::Auto`], is the kernel's rule for `pwlocks=` (FIDELITY item 5): with
+/// no `pwlocks=` on the command line, isolation (`isolcpus=`, `nohz_full=`) turns mode 1 on.
+/// Here the choice is per CPU: remote mode on the isolated and `nohz_full` CPUs, queue mode on
+/// the others, and queue mode everywhere when there are none. Any other policy is an explicit
+/// choice, which always wins, as an explicit `pwlocks=0/1` does.
+///
+/// Parsed from `auto`, `queue`, `remote`, `isolated`, or `remote:<cpu-list>`:
 ///
 /// ```
 /// use qpw_core::Policy;
 ///
+/// assert_eq!(Policy::default(), Policy::Auto);
+/// assert_eq!("auto".parse::<Policy>()?, Policy::Auto);
 /// assert_eq!("isolated".parse::<Policy>()?, Policy::Isolated);
 /// assert_eq!("remote:1,3".parse::<Policy>()?, Policy::RemoteOn("1,3".parse()?));
 /// assert!("fast".parse::<Policy>().is_err());
@@ -47,15 +55,21 @@ impl fmt::Display for Mode {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Policy {
-    /// Every CPU in queue mode (the kernel's default, `pwlocks=0`).
+    /// The default, the kernel's rule: remote mode on the isolated and `nohz_full` CPUs, queue
+    /// mode on the others (so queue mode everywhere on a machine without isolation). The same
+    /// modes as [`Policy::Isolated`]; reports say the rule chose them, not the user.
     #[default]
+    Auto,
+    /// Every CPU in queue mode (`pwlocks=0`).
     Queue,
     /// Every CPU in remote mode (`pwlocks=1`).
     Remote,
     /// Remote mode on isolated and `nohz_full` CPUs, queue mode on the others: only the CPUs that
-    /// must not be disturbed pay for remote-capable locking.
+    /// must not be disturbed pay for remote-capable locking. The rule of [`Policy::Auto`],
+    /// chosen explicitly.
     Isolated,
-    /// Remote mode on the listed CPUs, queue mode on the rest.
+    /// Remote mode on the listed CPUs, queue mode on the rest. Every listed CPU must be
+    /// managed by the instance ([`Error::PolicyCpuNotManaged`] otherwise).
     RemoteOn(CpuSet),
 }
 
@@ -65,13 +79,38 @@ impl Policy {
         let remote = match self {
             Policy::Queue => false,
             Policy::Remote => true,
-            Policy::Isolated => isolated.contains(cpu),
+            Policy::Auto | Policy::Isolated => isolated.contains(cpu),
             Policy::RemoteOn(set) => set.contains(cpu),
         };
         if remote {
             Mode::Remote
         } else {
             Mode::Queue
+        }
+    }
+
+    /// Whether the modes follow the machine's isolation, so that the topology is read.
+    pub fn follows_isolation(&self) -> bool {
+        matches!(self, Policy::Auto | Policy::Isolated)
+    }
+
+    /// Whether the policy was chosen by the user rather than left to the default rule.
+    pub fn is_explicit(&self) -> bool {
+        !matches!(self, Policy::Auto)
+    }
+
+    /// Why a CPU has `mode` under this policy, for reports; `any_remote` says whether the
+    /// instance has a remote-mode CPU at all.
+    pub fn reason(&self, mode: Mode, any_remote: bool) -> &'static str {
+        match (self, mode) {
+            (Policy::Auto | Policy::Isolated, Mode::Remote) => "isolated or nohz_full",
+            (Policy::Auto | Policy::Isolated, Mode::Queue) if !any_remote => {
+                "no isolated or nohz_full CPU"
+            }
+            (Policy::Auto | Policy::Isolated, Mode::Queue) => "housekeeping",
+            (Policy::Queue | Policy::Remote, _) => "every CPU",
+            (Policy::RemoteOn(_), Mode::Remote) => "listed",
+            (Policy::RemoteOn(_), Mode::Queue) => "not listed",
         }
     }
 }
@@ -81,6 +120,7 @@ impl FromStr for Policy {
 
     fn from_str(input: &str) -> Result<Self> {
         match input.trim() {
+            "auto" => Ok(Policy::Auto),
             "queue" => Ok(Policy::Queue),
             "remote" => Ok(Policy::Remote),
             "isolated" => Ok(Policy::Isolated),
@@ -97,6 +137,7 @@ impl FromStr for Policy {
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Policy::Auto => f.write_str("auto"),
             Policy::Queue => f.write_str("queue"),
             Policy::Remote => f.write_str("remote"),
             Policy::Isolated => f.write_str("isolated"),
@@ -111,7 +152,7 @@ mod tests {
 
     #[test]
     fn parse_round_trips() {
-        for text in ["queue", "remote", "isolated", "remote:1,3-5"] {
+        for text in ["auto", "queue", "remote", "isolated", "remote:1,3-5"] {
             assert_eq!(text.parse::<Policy>().unwrap().to_string(), text);
         }
     }
@@ -127,8 +168,12 @@ mod tests {
     #[test]
     fn isolated_policy_follows_the_isolated_set() {
         let iso: CpuSet = "3".parse().unwrap();
-        assert_eq!(Policy::Isolated.mode_of(3, &iso), Mode::Remote);
-        assert_eq!(Policy::Isolated.mode_of(2, &iso), Mode::Queue);
+        for rule in [Policy::Auto, Policy::Isolated] {
+            assert_eq!(rule.mode_of(3, &iso), Mode::Remote);
+            assert_eq!(rule.mode_of(2, &iso), Mode::Queue);
+            assert_eq!(rule.mode_of(3, &CpuSet::new()), Mode::Queue);
+        }
         assert_eq!(Policy::Queue.mode_of(3, &iso), Mode::Queue);
+        assert_eq!(Policy::Remote.mode_of(2, &iso), Mode::Remote);
     }
 }

@@ -31,7 +31,9 @@
 //!   [`OwnedPerCpu::lock_work`] reaches the slot (it checks that the caller is the owner and
 //!   that the slot is not borrowed). [`PerCpuWork::flush`] and
 //!   [`PerCpuWork::flush_timeout`] work as in queue mode: a flush waits for the owner's next
-//!   poll, and an owner that never polls is reported as [`Error::Stall`].
+//!   poll, and an owner that never polls is reported as [`Error::Stall`]. The owner itself
+//!   cannot wait for its own poll: its flush of a run still in its mailbox (from a work item
+//!   in a poll, or outside one) is [`Error::SelfFlush`].
 //! - Any other thread's local access ([`OwnedPerCpu::lock_local`], `lock_work`) is
 //!   [`Error::NotOwner`] naming the owner, never undefined behaviour.
 //! - [`Qpw::shutdown`](crate::Qpw::shutdown) (or dropping the `Qpw`) closes the mailboxes
@@ -54,30 +56,13 @@ use crossbeam_utils::CachePadded;
 
 use crate::instance::{Binding, Inner};
 use crate::sync::{
-    thread_local, Arc, AtomicBool, AtomicU64, MutPtr, Mutex, Ordering, SharedFn, UnsafeCell,
+    thread_token, Arc, AtomicBool, AtomicU64, MutPtr, Mutex, Ordering, SharedFn, UnsafeCell,
 };
 use crate::work::Worker;
 use crate::{CpuSet, Error, PerCpuWork, Result, WorkCtx};
 
 /// No owner.
-const NOBODY: u64 = 0;
-
-/// A number for the calling thread, unique in the process and never 0.
-fn thread_token() -> u64 {
-    thread_local! {
-        #[allow(clippy::missing_const_for_thread_local)]
-        static TOKEN: Cell<u64> = Cell::new(NOBODY);
-    }
-    TOKEN.with(|token| {
-        if token.get() == NOBODY {
-            // Not part of any modelled protocol: a std atomic under loom too, like the
-            // instance ids.
-            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-            token.set(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        }
-        token.get()
-    })
-}
+const NOBODY: u64 = crate::sync::NO_THREAD;
 
 /// How an error names the calling thread.
 fn thread_label(token: u64) -> String {
@@ -137,7 +122,13 @@ unsafe impl<T: Send> Send for Shared<T> {}
 /// assert!(matches!(stock.claim(1), Err(Error::AlreadyOwned { cpu: 1, .. })));
 ///
 /// drain.queue_on(1)?; // posted to cpu 1's mailbox...
-/// assert!(matches!(drain.flush_timeout(1, Duration::from_millis(1)), Err(Error::Stall { .. })));
+/// // ... which only this thread runs: it must not wait for itself.
+/// assert_eq!(drain.flush(1), Err(Error::SelfFlush { cpu: 1 }));
+/// std::thread::scope(|scope| {
+///     // Another thread waits for the owner's next poll, and stalls without it.
+///     let stall = scope.spawn(|| drain.flush_timeout(1, Duration::from_millis(1)));
+///     assert!(matches!(stall.join().unwrap(), Err(Error::Stall { cpu: 1, .. })));
+/// });
 /// assert_eq!(owner.poll(), 1); // ... and run here, by the owner, when it polls
 /// drain.flush(1)?;
 /// assert_eq!(*owner.lock_local()?, 0);
@@ -212,6 +203,7 @@ impl<T> OwnedPerCpu<T> {
         *lock(&slot.owner_label) = thread_label(token);
         match self.shared.inner.bind_current(cpu) {
             Ok(binding) => Ok(Owner {
+                _runner: Worker::runner_scope(&slot.mailbox, token),
                 _shared: self.shared.clone(),
                 slot: std::ptr::NonNull::from(&**slot),
                 posted: std::ptr::NonNull::from(slot.mailbox.posted_flag()),
@@ -276,11 +268,59 @@ impl<T> OwnedPerCpu<T> {
     /// pending work; this is for code that holds only the shared handle.
     pub fn lock_local(&self) -> Result<OwnedGuard<'_, T>> {
         let inner = &self.shared.inner;
-        let cpu = inner.current_cpu().ok_or_else(|| Error::Unbound {
-            managed: inner.managed.clone(),
-        })?;
+        let cpu = inner.current_cpu().ok_or_else(|| inner.caller_error())?;
         let idx = inner.idx(cpu)?;
         self.borrow_as_owner(idx)
+    }
+
+    /// Calls `f` on every CPU's slot in turn, from the calling thread, while no other thread
+    /// owns it: for final sums once the owners are gone (or before they came), without
+    /// tearing anything down. Takes every slot for the duration (a claim made meanwhile gets
+    /// [`Error::AlreadyOwned`]); fails with [`Error::AlreadyOwned`] naming the owner, before
+    /// calling `f` at all, if another thread owns a slot. The caller's own slots are read too,
+    /// unless one is borrowed ([`Error::AlreadyBorrowed`]).
+    pub fn read_each(&self, mut f: impl FnMut(usize, &T)) -> Result<()> {
+        let me = thread_token();
+        let slots = &self.shared.slots;
+        // Take every slot that has no owner; the first owned by someone else ends it.
+        let mut taken = Vec::with_capacity(slots.len());
+        let mut refused = None;
+        for (idx, slot) in slots.iter().enumerate() {
+            match slot
+                .owner
+                .compare_exchange(NOBODY, me, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => taken.push(idx),
+                Err(owner) if owner == me => {
+                    if slot.borrowed.get() != 0 {
+                        refused = Some(Error::AlreadyBorrowed { cpu: slot.cpu });
+                        break;
+                    }
+                }
+                Err(_) => {
+                    refused = Some(Error::AlreadyOwned {
+                        cpu: slot.cpu,
+                        owner: self.owner_label(slot).unwrap_or_else(|| "(leaving)".into()),
+                    });
+                    break;
+                }
+            }
+        }
+        if refused.is_none() {
+            for slot in slots.iter() {
+                let ptr = slot.data.get_mut();
+                // SAFETY: every slot is now owned by this thread (taken above, or its own and
+                // not borrowed, so no guard of it is alive), so nothing else reaches the data
+                // until the owner field is given back below; the acquire CAS ordered the
+                // previous owner's accesses before this read.
+                f(slot.cpu, unsafe { MutPtr::deref(&ptr) });
+            }
+        }
+        for idx in taken {
+            // Release: our reads happen before the next owner's claim.
+            slots[idx].owner.store(NOBODY, Ordering::Release);
+        }
+        refused.map_or(Ok(()), Err)
     }
 
     fn borrow_as_owner(&self, idx: usize) -> Result<OwnedGuard<'_, T>> {
@@ -307,6 +347,8 @@ pub struct Owner<T> {
     slot: std::ptr::NonNull<OwnedSlot<T>>,
     /// The slot's mailbox's posted flag, kept for the same reason.
     posted: std::ptr::NonNull<AtomicBool>,
+    /// Makes the mailbox know this thread as the one that runs it, until the owner goes.
+    _runner: crate::work::RunnerScope,
     _binding: ManuallyDrop<Binding>,
     _not_send: PhantomData<*const ()>,
 }
@@ -365,6 +407,7 @@ impl<T> Owner<T> {
 
 impl<T> Drop for Owner<T> {
     fn drop(&mut self) {
+        self._runner.end();
         // SAFETY: dropped exactly once, here; restores the thread's previous affinity and
         // registration before the slot is given up.
         unsafe { ManuallyDrop::drop(&mut self._binding) };

@@ -29,7 +29,12 @@ struct Slot<T, L> {
 ///   in remote mode, only from that CPU's own threads when it is in queue mode;
 /// - [`lock_work`](Self::lock_work) takes the CPU a work item runs for
 ///   (`pw_lock(l, pw_get_cpu(w))`), wherever the work runs;
-/// - [`for_each_locked`](Self::for_each_locked) walks every CPU under its lock, for summaries.
+/// - [`for_each_locked`](Self::for_each_locked) walks every CPU under its lock, for summaries;
+/// - [`read_each`](Self::read_each) reads every CPU's slot under its lock, whatever the lock,
+///   for final sums.
+///
+/// A handle: clones are cheap (three reference counts) and share the slots, so the state can
+/// be moved into work items without an `Arc` around it.
 ///
 /// ```
 /// use qpw_core::{CpuSpec, Policy, Qpw};
@@ -44,20 +49,36 @@ struct Slot<T, L> {
 /// ```
 pub struct PerCpu<T, L: RawLocalLock = FairLock> {
     inner: Arc<Inner>,
-    slots: Box<[CachePadded<Slot<T, L>>]>,
+    /// Shared by the clones. A slice `Arc` points straight at its elements, so reaching a slot
+    /// costs no more dependent loads than a `Box` did. A std `Arc` under loom too: loom's
+    /// cannot hold a slice, and the count is no protocol of ours.
+    slots: SharedSlots<T, L>,
     /// `lock_local`'s hot path reads these here rather than through `inner`, one pointer
     /// hop fewer on every call (each hop is a dependent load).
     local: LocalIndex,
 }
 
+type SharedSlots<T, L> = std::sync::Arc<[CachePadded<Slot<T, L>>]>;
+
+impl<T, L: RawLocalLock> Clone for PerCpu<T, L> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            slots: self.slots.clone(),
+            local: self.local.clone(),
+        }
+    }
+}
+
 /// What `lock_local` needs to turn the calling thread into a slot index.
+#[derive(Clone)]
 struct LocalIndex {
     /// The instance's id, to recognise the thread's binding.
     id: u64,
     /// Whether the CPUs are logical (then an unbound thread has none).
     logical: bool,
     /// CPU id to slot index (`u32::MAX`: not managed).
-    index: Box<[u32]>,
+    index: std::sync::Arc<[u32]>,
     /// The managed CPUs are `0..n`: the slot index is the CPU, no table look-up (one
     /// dependent load fewer).
     identity: bool,
@@ -71,7 +92,7 @@ unsafe impl<T: Send, L: RawLocalLock> Sync for PerCpu<T, L> {}
 // `Send` by its trait bound.
 unsafe impl<T: Send, L: RawLocalLock> Send for PerCpu<T, L> {}
 
-impl<T: fmt::Debug, L: RawLocalLock> fmt::Debug for PerCpu<T, L> {
+impl<T, L: RawLocalLock> fmt::Debug for PerCpu<T, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PerCpu")
             .field("cpus", &self.inner.managed)
@@ -164,35 +185,91 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// Locks the CPU a work item runs for (`pw_lock(l, pw_get_cpu(w))`): in queue mode that is
     /// the worker's own CPU, in remote mode the target CPU taken from the caller.
     ///
+    /// Waits as long as the lock is held, except in a remote run under
+    /// [`drain_all_timeout`](crate::PerCpuWork::drain_all_timeout): there it gives up at the
+    /// drain's deadline with [`Error::LockStall`], which the drain reports for that CPU, and
+    /// the run should return (`let Ok(mut slot) = state.lock_work(ctx) else { return };`).
+    /// Taking a lock the same thread already holds (the caller of a remote run, or the run
+    /// itself, twice) waits for itself, as a `Mutex` would; only the deadline ends that wait.
+    ///
     /// # Panics
     ///
     /// When `ctx` comes from a work item of another instance: a programming error, like the
     /// kernel's `WARN_ON(cpu != pw->cpu)`.
     #[inline]
-    pub fn lock_work(&self, ctx: &WorkCtx) -> PerCpuGuard<'_, T, L> {
+    pub fn lock_work(&self, ctx: &WorkCtx) -> Result<PerCpuGuard<'_, T, L>> {
         assert_eq!(
             ctx.instance, self.inner.id,
             "qpw: a work item locked per-CPU state of another instance"
         );
+        let cpu = ctx.cpu();
         let idx = self
             .inner
-            .idx(ctx.cpu())
+            .idx(cpu)
             .expect("a work context's CPU is managed by its instance");
-        self.acquire(idx, ctx.cpu())
+        match ctx.deadline() {
+            None => Ok(self.acquire(idx, cpu)),
+            Some(limit) => self.acquire_until(idx, cpu, limit, ctx),
+        }
     }
 
-    /// Exclusive access to every slot, with no locking: `&mut self` proves no one else holds
-    /// any. For final accounting.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = (usize, &mut T)> + '_ {
-        self.inner
-            .managed
-            .iter()
-            .zip(self.slots.iter_mut())
-            .map(|(cpu, slot)| {
-                let ptr = slot.data.get_mut();
-                // SAFETY: `&mut self` excludes every guard and every other access to the slot.
-                (cpu, unsafe { &mut *(MutPtr::deref(&ptr) as *mut T) })
-            })
+    /// `lock_work` under a drain's deadline.
+    #[cold]
+    fn acquire_until(
+        &self,
+        idx: usize,
+        cpu: usize,
+        (start, timeout): (std::time::Instant, std::time::Duration),
+        ctx: &WorkCtx,
+    ) -> Result<PerCpuGuard<'_, T, L>> {
+        let slot = &self.slots[idx];
+        let taken = match start.checked_add(timeout) {
+            Some(deadline) => slot.lock.try_lock_until(deadline),
+            None => {
+                slot.lock.lock();
+                true
+            }
+        };
+        if taken {
+            return Ok(PerCpuGuard::new(slot, cpu));
+        }
+        let waited = start.elapsed();
+        ctx.note_stall(waited);
+        Err(Error::LockStall {
+            cpu,
+            waited,
+            timeout,
+        })
+    }
+
+    /// Calls `f` on every CPU's slot in turn, each under its lock, taken from the calling
+    /// thread: for final sums and reports, whatever the lock. With a lock that only its own
+    /// CPU's threads should take ([`RseqLock`](crate::RseqLock)) each slot of another CPU
+    /// costs a fence of that CPU (an inter-processor interrupt): correct, but not for hot
+    /// paths, which is why such locks have no [`for_each_locked`](Self::for_each_locked).
+    pub fn read_each(&self, mut f: impl FnMut(usize, &T)) {
+        for (idx, cpu) in self.inner.managed.iter().enumerate() {
+            let guard = self.acquire(idx, cpu);
+            f(cpu, &guard);
+        }
+    }
+
+    /// Exclusive access to every slot, with no locking, when this is the only handle of the
+    /// state (no clone of it is alive: `None` otherwise). For final accounting.
+    pub fn iter_mut(&mut self) -> Option<impl Iterator<Item = (usize, &mut T)> + '_> {
+        let slots = std::sync::Arc::get_mut(&mut self.slots)?;
+        Some(
+            self.inner
+                .managed
+                .iter()
+                .zip(slots.iter_mut())
+                .map(|(cpu, slot)| {
+                    let ptr = slot.data.get_mut();
+                    // SAFETY: `&mut` to the only handle of the slots excludes every guard and
+                    // every other access to them.
+                    (cpu, unsafe { &mut *(MutPtr::deref(&ptr) as *mut T) })
+                }),
+        )
     }
 
     /// The calling thread's CPU and its slot index: its binding, else (physical instances)
@@ -219,15 +296,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
 
     #[cold]
     fn unbound(&self) -> Error {
-        match crate::affinity::current_cpu() {
-            Some(cpu) if !self.inner.logical => Error::CpuNotManaged {
-                cpu,
-                managed: self.inner.managed.clone(),
-            },
-            _ => Error::Unbound {
-                managed: self.inner.managed.clone(),
-            },
-        }
+        self.inner.caller_error()
     }
 
     #[inline]

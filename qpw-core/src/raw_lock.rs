@@ -43,6 +43,23 @@ pub unsafe trait RawLocalLock: Send + Sync {
     /// Takes the lock if it is free now.
     fn try_lock(&self) -> bool;
 
+    /// Takes the lock, waiting for it at most until `deadline`; `false` if it was still held
+    /// then. What a remote run under a drain's deadline uses
+    /// ([`PerCpu::lock_work`](crate::PerCpu::lock_work)). The default retries
+    /// [`try_lock`](Self::try_lock), yielding the CPU between tries; locks that can sleep
+    /// until a deadline do better.
+    fn try_lock_until(&self, deadline: std::time::Instant) -> bool {
+        loop {
+            if self.try_lock() {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            crate::sync::thread::yield_now();
+        }
+    }
+
     /// Releases the lock.
     ///
     /// # Safety
@@ -113,6 +130,11 @@ unsafe impl RawLocalLock for FairLock {
     #[inline]
     fn try_lock(&self) -> bool {
         self.raw.try_lock()
+    }
+
+    #[inline]
+    fn try_lock_until(&self, deadline: std::time::Instant) -> bool {
+        self.raw.try_lock_until(deadline)
     }
 
     #[inline]

@@ -90,7 +90,9 @@
 //! `lock_local`/`try_lock_local` from threads of the CPU (the fast path; a thread that migrated
 //! picks its new CPU's lock), [`PerCpu::lock_work`](crate::PerCpu::lock_work) from the CPU's
 //! worker (pinned there), the release from wherever the holder now runs, and the fenced path
-//! for the rare thread that is bound to the CPU but runs elsewhere.
+//! for the rare thread that is bound to the CPU but runs elsewhere, and for
+//! [`PerCpu::read_each`](crate::PerCpu::read_each), the slow walk over every CPU for final
+//! sums.
 //!
 //! # Under loom
 //!

@@ -20,7 +20,7 @@ mod imp {
     pub use std::thread;
     pub use std::thread_local;
 
-    use parking_lot::lock_api::{RawMutex as _, RawMutexFair as _};
+    use parking_lot::lock_api::{RawMutex as _, RawMutexFair as _, RawMutexTimed as _};
 
     /// `std::cell::UnsafeCell` in loom's shape.
     #[derive(Debug)]
@@ -98,6 +98,12 @@ mod imp {
             self.0.try_lock()
         }
 
+        /// Takes the mutex, parking while it is held elsewhere, but not past `deadline`.
+        #[inline]
+        pub fn try_lock_until(&self, deadline: std::time::Instant) -> bool {
+            self.0.try_lock_until(deadline)
+        }
+
         /// # Safety
         ///
         /// The mutex is held by the caller's context.
@@ -159,6 +165,14 @@ mod imp {
             !std::mem::replace(&mut *held, true)
         }
 
+        /// Takes the mutex, waiting as long as it takes: loom models have no clock, so a
+        /// deadline never passes in them (a model that holds the lock for good is reported
+        /// as a deadlock, which is what it is).
+        pub fn try_lock_until(&self, _deadline: std::time::Instant) -> bool {
+            self.lock();
+            true
+        }
+
         /// # Safety
         ///
         /// The mutex is held by the caller's context.
@@ -194,4 +208,25 @@ pub type SharedFn<T> = std::sync::Arc<T>;
 pub(crate) fn next_instance_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The token of no thread: [`thread_token`] never returns it.
+pub(crate) const NO_THREAD: u64 = 0;
+
+/// A number for the calling thread, unique in the process and never [`NO_THREAD`]: what an
+/// owner-only slot records as its owner, and a worker as the thread that runs its queue.
+/// Not part of any modelled protocol: the counter is a std atomic under loom too, like the
+/// instance ids (the thread-local is loom's, one per modelled thread).
+pub(crate) fn thread_token() -> u64 {
+    imp::thread_local! {
+        #[allow(clippy::missing_const_for_thread_local)]
+        static TOKEN: std::cell::Cell<u64> = std::cell::Cell::new(NO_THREAD);
+    }
+    TOKEN.with(|token| {
+        if token.get() == NO_THREAD {
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+            token.set(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        }
+        token.get()
+    })
 }

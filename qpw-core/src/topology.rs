@@ -133,7 +133,7 @@ fn read_list(path: &Path, required: bool) -> Result<CpuSet> {
         Err(source) => {
             return Err(Error::Topology {
                 path: path.to_path_buf(),
-                source,
+                source: source.into(),
             })
         }
     };

@@ -20,15 +20,38 @@
 //!   returns only after every run queued before it has finished. In remote mode `queued` never
 //!   moves, so the flush returns at once (the kernel's `pw_flush` is a no-op there).
 //!
-//! Remote mode runs the function in the caller, at once, and `queue_on` returns `true`.
+//! Remote mode runs the function in the caller, at once, through the instance's
+//! [`RunGate`](crate::gate::RunGate) (so that a shutdown refuses it, or waits for it), and
+//! `queue_on` returns `true`, or the run's panic.
+//!
+//! # Panics: reported once, to the call they belong to
+//!
+//! A remote run's panic is returned by the call that ran it (`queue_on`, or the `drain_all`
+//! report). A queued run's panic is kept in its slot, counted, and reported by the first flush
+//! that covers the run (`flush`, `flush_timeout`, or a `drain_all` of that CPU), then
+//! forgotten. A run that panics while [`Qpw::shutdown`](crate::Qpw::shutdown) waits for its
+//! worker, with no flush waiting for the run, is reported in the [`ShutdownReport`] instead
+//! (a drop of the last handle reports nothing, so there the panic waits for a flush as usual).
+//! A panic still unreported when the item is dropped is printed to stderr. So every panic is
+//! reported exactly once.
+//!
+//! # Memory
+//!
+//! An item reserves one place in the queue of each worker it posts to, so that posting never
+//! allocates, and gives it back when its last handle is dropped (the queue shrinks when it has
+//! far more room than its items need).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use crate::instance::{set_binding, Inner};
-use crate::sync::{thread, Arc, AtomicBool, Condvar, Mutex, MutexGuard, Ordering, SharedFn};
+use crate::sync::{
+    thread, thread_token, Arc, AtomicBool, Condvar, Mutex, MutexGuard, Ordering, SharedFn,
+    NO_THREAD,
+};
 use crate::{CpuSet, Error, Result, ShutdownReport};
 
 pub(crate) type WorkFn = dyn Fn(&WorkCtx) + Send + Sync;
@@ -59,9 +82,25 @@ pub struct WorkCtx {
     pub(crate) instance: u64,
     cpu: usize,
     remote: bool,
+    /// The drain's (start, timeout), for a remote run under
+    /// [`PerCpuWork::drain_all_timeout`]: [`PerCpu::lock_work`](crate::PerCpu::lock_work)
+    /// waits for the lock until then.
+    limit: Option<(Instant, Duration)>,
+    /// Set by `lock_work` when it gave up at the deadline: how long the drain had run.
+    stalled: Cell<Option<Duration>>,
 }
 
 impl WorkCtx {
+    fn new(instance: u64, cpu: usize, remote: bool, limit: Option<(Instant, Duration)>) -> Self {
+        Self {
+            instance,
+            cpu,
+            remote,
+            limit,
+            stalled: Cell::new(None),
+        }
+    }
+
     /// The CPU this run is for (`pw_get_cpu`): the worker's CPU in queue mode, the target CPU
     /// in remote mode (never the caller's).
     #[inline]
@@ -69,10 +108,25 @@ impl WorkCtx {
         self.cpu
     }
 
-    /// Whether this run happens in the caller, on another CPU, under the target's lock.
+    /// Whether this run happens on a thread that does not belong to its CPU: a remote-mode
+    /// run in a caller that is not one of [`cpu`](Self::cpu)'s threads. The kernel's
+    /// `pw_is_cpu_remote(pw_get_cpu(w))`, and the same answer as
+    /// [`Qpw::is_cpu_remote`](crate::Qpw::is_cpu_remote) gives for this CPU in the same thread
+    /// at the start of the run: a remote-mode run in a thread bound to the target CPU is not
+    /// remote, and a queued run (on the CPU's worker or owner) never is.
     #[inline]
     pub fn is_remote(&self) -> bool {
         self.remote
+    }
+
+    /// When the run must give up waiting for a lock, if it runs under a drain's deadline.
+    pub(crate) fn deadline(&self) -> Option<(Instant, Duration)> {
+        self.limit
+    }
+
+    /// Records that a lock wait gave up at the deadline, after the drain had run `waited`.
+    pub(crate) fn note_stall(&self, waited: Duration) {
+        self.stalled.set(Some(waited));
     }
 }
 
@@ -81,8 +135,10 @@ struct SlotState {
     pending: bool,
     queued: u64,
     done: u64,
-    /// The message of a panic no flush has reported yet.
-    panic: Option<String>,
+    /// Threads inside `flush` for this slot.
+    flushers: usize,
+    /// The first message and the number of the panics no flush has reported yet.
+    panic: Option<(String, usize)>,
 }
 
 /// One work item on one CPU.
@@ -94,22 +150,31 @@ pub(crate) struct WorkSlot {
     done: Condvar,
 }
 
-impl WorkSlot {
-    /// Runs the function once, catching a panic; returns the panic's message.
-    fn run(&self, remote: bool) -> Result<(), String> {
-        let ctx = WorkCtx {
-            instance: self.instance,
-            cpu: self.cpu,
-            remote,
-        };
-        if remote {
-            return catch_unwind(AssertUnwindSafe(|| (self.func)(&ctx))).map_err(|payload| {
-                let message = panic_message(payload);
-                lock(&self.state).panic = Some(message.clone());
-                message
-            });
-        }
+/// Where a queued run's panic goes, when no flush is waiting for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unclaimed {
+    /// Kept for the next flush.
+    Keep,
+    /// Returned, for the shutdown report.
+    Return,
+}
 
+impl WorkSlot {
+    fn new(inner: &Inner, cpu: usize, func: &SharedFn<WorkFn>) -> Arc<Self> {
+        Arc::new(WorkSlot {
+            instance: inner.id,
+            cpu,
+            func: func.clone(),
+            state: Mutex::new(SlotState::default()),
+            done: Condvar::new(),
+        })
+    }
+
+    /// Runs the function once for its queue (a worker or an owner's poll), catching a panic.
+    /// Returns the panic's message if it panicked and `unclaimed` says to return it (a
+    /// shutdown, with no flush waiting); otherwise the panic is kept for the flushes.
+    fn run_queued(&self, unclaimed: Unclaimed) -> Option<String> {
+        let ctx = WorkCtx::new(self.instance, self.cpu, false, None);
         let seq = {
             let mut state = lock(&self.state);
             state.pending = false;
@@ -118,26 +183,64 @@ impl WorkSlot {
         let outcome = catch_unwind(AssertUnwindSafe(|| (self.func)(&ctx)));
         let mut state = lock(&self.state);
         state.done = seq;
-        let outcome = outcome.map_err(|payload| {
-            let message = panic_message(payload);
-            state.panic = Some(message.clone());
-            message
-        });
+        let returned = match outcome {
+            Ok(()) => None,
+            Err(payload) => {
+                let message = panic_message(payload);
+                if unclaimed == Unclaimed::Return && state.flushers == 0 {
+                    Some(message)
+                } else {
+                    match &mut state.panic {
+                        Some((_, runs)) => *runs += 1,
+                        none => *none = Some((message, 1)),
+                    }
+                    None
+                }
+            }
+        };
         drop(state);
         self.done.notify_all();
-        outcome
+        returned
+    }
+
+    /// Runs the function now, in the caller (remote mode), catching a panic, which it returns
+    /// as the call's error; as is a lock wait that gave up at the deadline.
+    fn run_here(&self, remote: bool, limit: Option<(Instant, Duration)>) -> Result<()> {
+        let ctx = WorkCtx::new(self.instance, self.cpu, remote, limit);
+        match catch_unwind(AssertUnwindSafe(|| (self.func)(&ctx))) {
+            Err(payload) => Err(Error::WorkPanicked {
+                cpu: self.cpu,
+                message: panic_message(payload),
+                runs: 1,
+            }),
+            Ok(()) => match (ctx.stalled.get(), limit) {
+                (Some(waited), Some((_, timeout))) => Err(Error::LockStall {
+                    cpu: self.cpu,
+                    waited,
+                    timeout,
+                }),
+                _ => Ok(()),
+            },
+        }
     }
 
     /// Waits until every run queued so far has finished; `limit` is (start, timeout).
-    fn flush(&self, limit: Option<(Instant, Duration)>) -> Result<()> {
+    /// `runs_queue` says whether the caller is the thread that runs this slot's queue, which
+    /// must not wait for a run still in it.
+    fn flush(&self, limit: Option<(Instant, Duration)>, runs_queue: bool) -> Result<()> {
         let mut state = lock(&self.state);
         let target = state.queued;
+        if state.done < target && runs_queue {
+            return Err(Error::SelfFlush { cpu: self.cpu });
+        }
+        state.flushers += 1;
         while state.done < target {
             state = match limit {
                 None => wait(&self.done, state),
                 Some((start, timeout)) => {
                     let waited = start.elapsed();
                     let Some(left) = timeout.checked_sub(waited).filter(|d| !d.is_zero()) else {
+                        state.flushers -= 1;
                         return Err(Error::Stall {
                             cpu: self.cpu,
                             waited,
@@ -152,10 +255,12 @@ impl WorkSlot {
                 }
             };
         }
+        state.flushers -= 1;
         match state.panic.take() {
-            Some(message) => Err(Error::WorkPanicked {
+            Some((message, runs)) => Err(Error::WorkPanicked {
                 cpu: self.cpu,
                 message,
+                runs,
             }),
             None => Ok(()),
         }
@@ -165,13 +270,16 @@ impl WorkSlot {
 #[derive(Default)]
 struct Queue {
     items: VecDeque<Arc<WorkSlot>>,
-    /// Slots registered with this worker: the most the queue can ever hold.
+    /// Slots of live items registered with this queue. The queue also holds slots of items
+    /// dropped while queued, so its capacity is kept at `registered + items.len()` at least:
+    /// every live slot can be pushed without an allocation.
     registered: usize,
     stopped: bool,
 }
 
 /// A CPU's worker: a thread pinned to the CPU, named `qpw/<cpu>`, asleep on its condition
-/// variable whenever its queue is empty (the kworker).
+/// variable whenever its queue is empty (the kworker). Also an owner-only slot's mailbox: the
+/// same queue, run by the owner thread when it polls.
 pub(crate) struct Worker {
     cpu: usize,
     /// The physical CPU the worker is pinned to.
@@ -183,19 +291,33 @@ pub(crate) struct Worker {
     /// the queue: what an owner thread checks on its hot path to learn that work is waiting
     /// (a mailbox has no thread of its own).
     posted: AtomicBool,
+    /// The [`thread_token`] of the thread that runs this queue: the worker thread, or a
+    /// mailbox's owner while it has one. Only that thread ever stores its own token here, so
+    /// a relaxed load that finds the caller's token was stored by the caller.
+    runner: std::sync::atomic::AtomicU64,
+    /// Set when the shutdown that stops this worker will not join it (the last handle was
+    /// dropped, or the shutdown runs on this very worker): no report will carry the panics of
+    /// its last runs, so it keeps them for the items' flushes as usual.
+    detached: std::sync::atomic::AtomicBool,
 }
 
 impl Worker {
-    /// A queue that no thread runs: an owner thread empties it with
-    /// [`run_pending`](Self::run_pending) (the owner-only policy).
-    pub(crate) fn mailbox(cpu: usize, phys: usize) -> Arc<Self> {
-        Arc::new(Self {
+    fn new(cpu: usize, phys: usize) -> Self {
+        Self {
             cpu,
             phys,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             posted: AtomicBool::new(false),
-        })
+            runner: std::sync::atomic::AtomicU64::new(NO_THREAD),
+            detached: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// A queue that no thread runs: an owner thread empties it with
+    /// [`run_pending`](Self::run_pending) (the owner-only policy).
+    pub(crate) fn mailbox(cpu: usize, phys: usize) -> Arc<Self> {
+        Arc::new(Self::new(cpu, phys))
     }
 
     /// The flag every post sets after it pushed, so an item is never left behind unseen (at
@@ -204,8 +326,28 @@ impl Worker {
         &self.posted
     }
 
+    /// Records the thread with `token` as the one that runs this queue.
+    fn set_runner(&self, token: u64) {
+        self.runner
+            .store(token, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Makes the calling thread, whose token is `token`, the one that runs `mailbox`, until
+    /// the returned scope ends (a new owner).
+    pub(crate) fn runner_scope(mailbox: &Arc<Self>, token: u64) -> RunnerScope {
+        mailbox.set_runner(token);
+        RunnerScope {
+            mailbox: mailbox.clone(),
+        }
+    }
+
+    /// Whether the calling thread is the one that runs this queue.
+    fn run_by_caller(&self) -> bool {
+        self.runner.load(std::sync::atomic::Ordering::Relaxed) == thread_token()
+    }
+
     /// Runs every item queued so far, in the calling thread; returns how many ran. Items
-    /// posted while it runs are run too. Panics are kept for the flushers, as a worker does.
+    /// posted while it runs are run too. Panics are kept for the flushers.
     pub(crate) fn run_pending(&self) -> usize {
         let mut ran = 0;
         loop {
@@ -216,7 +358,7 @@ impl Worker {
             let Some(slot) = lock(&self.queue).items.pop_front() else {
                 return ran;
             };
-            let _ = slot.run(false);
+            slot.run_queued(Unclaimed::Keep);
             ran += 1;
         }
     }
@@ -232,11 +374,24 @@ impl Worker {
         waiting
     }
 
+    /// Reserves room for one more slot.
     fn register(&self) {
         let mut queue = lock(&self.queue);
         queue.registered += 1;
-        let need = queue.registered - queue.items.len();
+        let need = queue.registered;
+        // Capacity >= len + registered >= registered + (slots of dropped items still queued).
         queue.items.reserve(need);
+    }
+
+    /// Gives back the room of a slot whose item was dropped, shrinking the queue when it has
+    /// far more room than it can ever need.
+    fn unregister(&self) {
+        let mut queue = lock(&self.queue);
+        queue.registered -= 1;
+        let keep = queue.registered + queue.items.len();
+        if queue.items.capacity() > 2 * keep + 16 {
+            queue.items.shrink_to(keep);
+        }
     }
 
     /// Posts `slot`; `Ok(false)` when it was already pending.
@@ -263,6 +418,7 @@ impl Worker {
 
     fn run(&self, instance: u64) -> ShutdownReport {
         set_binding(Some((instance, self.cpu)));
+        self.set_runner(thread_token());
         #[cfg(loom)]
         crate::rseq::mock::migrate_to(Some(self.phys));
         let mut report = ShutdownReport::default();
@@ -279,21 +435,39 @@ impl Worker {
                     queue = wait(&self.wake, queue);
                 }
             };
-            let outcome = slot.run(false);
+            // A shutdown that will read the report takes the panics no flush waits for.
+            let reported = stopping && !self.detached.load(std::sync::atomic::Ordering::Acquire);
             if stopping {
                 report.ran += 1;
-                if let Err(message) = outcome {
-                    report.panicked.push((self.cpu, message));
-                }
+            }
+            let unclaimed = if reported {
+                Unclaimed::Return
+            } else {
+                Unclaimed::Keep
+            };
+            if let Some(message) = slot.run_queued(unclaimed) {
+                report.panicked.push((self.cpu, message));
             }
         }
+    }
+}
+
+/// A mailbox's runner for as long as an owner holds it; see [`Worker::runner_scope`].
+pub(crate) struct RunnerScope {
+    mailbox: Arc<Worker>,
+}
+
+impl RunnerScope {
+    /// The owner lets go: nobody runs the mailbox until the next claim.
+    pub(crate) fn end(&self) {
+        self.mailbox.set_runner(NO_THREAD);
     }
 }
 
 #[derive(Default)]
 struct PoolState {
     workers: Vec<Option<Arc<Worker>>>,
-    threads: Vec<thread::JoinHandle<ShutdownReport>>,
+    threads: Vec<(Arc<Worker>, thread::JoinHandle<ShutdownReport>)>,
     /// The owner-only policy's mailboxes, which no worker runs but a shutdown closes too.
     mailboxes: Vec<Arc<Worker>>,
     stopped: bool,
@@ -332,18 +506,15 @@ impl WorkerPool {
         if pool.stopped {
             return Err(Error::ShutDown { cpu });
         }
-        let worker = Arc::new(Worker {
-            cpu,
-            phys,
-            queue: Mutex::new(Queue::default()),
-            wake: Condvar::new(),
-            posted: AtomicBool::new(false),
-        });
+        let worker = Arc::new(Worker::new(cpu, phys));
         let runner = worker.clone();
         let handle = thread::Builder::new()
             .name(format!("qpw/{cpu}"))
             .spawn(move || runner.run(instance))
-            .map_err(|source| Error::Spawn { cpu, source })?;
+            .map_err(|source| Error::Spawn {
+                cpu,
+                source: source.into(),
+            })?;
         // Pin and set the priority from here, so that failures are ours to report; the thread
         // cannot have run any work yet, since none can be queued before we return.
         if let Err(e) = configure_worker(&handle, phys, self.priority) {
@@ -353,7 +524,7 @@ impl WorkerPool {
             return Err(e);
         }
         pool.workers[idx] = Some(worker.clone());
-        pool.threads.push(handle);
+        pool.threads.push((worker.clone(), handle));
         Ok(worker)
     }
 
@@ -369,9 +540,12 @@ impl WorkerPool {
         }
     }
 
-    /// Stops every worker after its queue is empty, and joins it; closes every mailbox,
-    /// leaving what waits in it to its owner's next poll.
-    pub(crate) fn shutdown(&self) -> ShutdownReport {
+    /// Stops every worker, which exits once its queue is empty, and closes every mailbox,
+    /// leaving what waits in it to its owner's next poll. With `join`, waits for the workers
+    /// to exit and reports what they ran, except the calling thread's own worker if it is one
+    /// (it cannot wait for itself: it finishes its queue after the current item returns);
+    /// without, leaves them to finish on their own. A second call finds nothing to stop.
+    pub(crate) fn shutdown(&self, join: bool) -> ShutdownReport {
         let (workers, threads, mailboxes) = {
             let mut pool = lock(&self.state);
             pool.stopped = true;
@@ -381,6 +555,13 @@ impl WorkerPool {
                 std::mem::take(&mut pool.mailboxes),
             )
         };
+        for (worker, _) in &threads {
+            if !join || worker.run_by_caller() {
+                worker
+                    .detached
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+        }
         for worker in workers.into_iter().flatten() {
             worker.stop();
         }
@@ -388,7 +569,10 @@ impl WorkerPool {
         for mailbox in mailboxes {
             report.left_for_owners += mailbox.stop();
         }
-        for handle in threads {
+        for (worker, handle) in threads {
+            if !join || worker.run_by_caller() {
+                continue; // detached: dropping the handle lets the thread finish alone
+            }
             if let Ok(part) = handle.join() {
                 report.ran += part.ran;
                 report.panicked.extend(part.panicked);
@@ -424,15 +608,19 @@ fn configure_worker(
 
 /// A per-CPU work item: the kernel's per-CPU `struct pw_struct`, one slot per managed CPU,
 /// made by [`Qpw::work`](crate::Qpw::work) or [`Qpw::work_on_cpu`](crate::Qpw::work_on_cpu).
+/// A handle: clones are cheap and share the item.
 ///
 /// ```
-/// use std::sync::Arc;
 /// use qpw_core::{CpuSpec, Policy, Qpw};
 ///
 /// let qpw = Qpw::builder().cpus(CpuSpec::Logical(2)).policy(Policy::Queue).build()?;
-/// let stock = Arc::new(qpw.per_cpu(|_| 7u32));
+/// let stock = qpw.per_cpu(|_| 7u32);
 /// let drained = stock.clone();
-/// let drain = qpw.work(move |ctx| *drained.lock_work(ctx) = 0)?;
+/// let drain = qpw.work(move |ctx| {
+///     if let Ok(mut n) = drained.lock_work(ctx) {
+///         *n = 0;
+///     }
+/// })?;
 ///
 /// assert!(drain.queue_on(1)?); // queue mode: posted to cpu 1's worker
 /// drain.flush(1)?; // ... and waited for
@@ -441,19 +629,46 @@ fn configure_worker(
 /// assert_eq!(left, [(0, 7), (1, 0)]);
 /// # Ok::<(), qpw_core::Error>(())
 /// ```
+///
+/// Dropping the last handle does not cancel runs already queued: they run, and a panic of theirs
+/// that no flush collected is printed to stderr.
+#[derive(Clone)]
 pub struct PerCpuWork {
+    shared: Arc<Shared>,
+}
+
+/// What the handles of one item share.
+struct Shared {
     inner: Arc<Inner>,
     slots: Box<[Arc<WorkSlot>]>,
-    /// The worker each CPU's runs are posted to; `None` where they run in the caller.
+    /// The queue each CPU's runs are posted to (its worker, or its owner's mailbox); `None`
+    /// where they run in the caller.
     workers: Box<[Option<Arc<Worker>>]>,
     on_cpu: bool,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        for worker in self.workers.iter().flatten() {
+            worker.unregister();
+        }
+        for slot in self.slots.iter() {
+            if let Some((message, runs)) = lock(&slot.state).panic.take() {
+                eprintln!(
+                    "qpw: a work item dropped with {runs} unreported panic(s) on cpu {}, the \
+                     first: {message}",
+                    slot.cpu
+                );
+            }
+        }
+    }
 }
 
 impl fmt::Debug for PerCpuWork {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PerCpuWork")
-            .field("cpus", &self.inner.managed)
-            .field("on_cpu", &self.on_cpu)
+            .field("cpus", &self.shared.inner.managed)
+            .field("on_cpu", &self.shared.on_cpu)
             .finish_non_exhaustive()
     }
 }
@@ -461,31 +676,30 @@ impl fmt::Debug for PerCpuWork {
 impl PerCpuWork {
     pub(crate) fn new(inner: Arc<Inner>, func: SharedFn<WorkFn>, on_cpu: bool) -> Result<Self> {
         let mut slots = Vec::with_capacity(inner.managed.len());
-        let mut workers = Vec::with_capacity(inner.managed.len());
+        let mut workers: Vec<Option<Arc<Worker>>> = Vec::with_capacity(inner.managed.len());
         for (idx, cpu) in inner.managed.iter().enumerate() {
             let queued = on_cpu || inner.modes[idx] == crate::Mode::Queue;
             let worker = if queued {
-                let worker = inner.worker(idx)?;
-                worker.register();
-                Some(worker)
+                match inner.worker(idx) {
+                    Ok(worker) => Some(worker),
+                    Err(e) => {
+                        // Give back what the earlier CPUs reserved.
+                        for worker in workers.iter().flatten() {
+                            worker.unregister();
+                        }
+                        return Err(e);
+                    }
+                }
             } else {
                 None
             };
-            slots.push(Arc::new(WorkSlot {
-                instance: inner.id,
-                cpu,
-                func: func.clone(),
-                state: Mutex::new(SlotState::default()),
-                done: Condvar::new(),
-            }));
+            if let Some(worker) = &worker {
+                worker.register();
+            }
+            slots.push(WorkSlot::new(&inner, cpu, &func));
             workers.push(worker);
         }
-        Ok(Self {
-            inner,
-            slots: slots.into(),
-            workers: workers.into(),
-            on_cpu,
-        })
+        Ok(Self::from_parts(inner, slots, workers, on_cpu))
     }
 
     /// An item whose runs are posted to the given mailboxes, one per managed CPU, which their
@@ -498,15 +712,7 @@ impl PerCpuWork {
         let slots = inner
             .managed
             .iter()
-            .map(|cpu| {
-                Arc::new(WorkSlot {
-                    instance: inner.id,
-                    cpu,
-                    func: func.clone(),
-                    state: Mutex::new(SlotState::default()),
-                    done: Condvar::new(),
-                })
-            })
+            .map(|cpu| WorkSlot::new(&inner, cpu, &func))
             .collect();
         let workers = mailboxes
             .iter()
@@ -515,61 +721,108 @@ impl PerCpuWork {
                 Some(mailbox.clone())
             })
             .collect();
+        Self::from_parts(inner, slots, workers, true)
+    }
+
+    fn from_parts(
+        inner: Arc<Inner>,
+        slots: Vec<Arc<WorkSlot>>,
+        workers: Vec<Option<Arc<Worker>>>,
+        on_cpu: bool,
+    ) -> Self {
         Self {
-            inner,
-            slots,
-            workers,
-            on_cpu: true,
+            shared: Arc::new(Shared {
+                inner,
+                slots: slots.into(),
+                workers: workers.into(),
+                on_cpu,
+            }),
         }
     }
 
     /// Whether this item must run on its CPU and so is queued in every mode.
     pub fn is_on_cpu(&self) -> bool {
-        self.on_cpu
+        self.shared.on_cpu
     }
 
     /// Whether runs for `cpu` go to its worker (`true`) or happen in the caller (`false`).
     pub fn is_queued(&self, cpu: usize) -> Result<bool> {
-        Ok(self.workers[self.inner.idx(cpu)?].is_some())
+        Ok(self.shared.workers[self.shared.inner.idx(cpu)?].is_some())
     }
 
-    /// Runs the work for `cpu` (`pw_queue_on`): in queue mode posts it to the CPU's worker and
-    /// returns `false` if it was already pending there; in remote mode runs it now, in the
-    /// caller, and returns `true` once it has run. Allocates nothing.
+    /// Runs the work for `cpu` (`pw_queue_on`).
+    ///
+    /// - In queue mode (and for [on-CPU](Self::is_on_cpu) items), posts it to the CPU's
+    ///   worker and returns `Ok(false)` if it was already pending there (coalesced). A panic
+    ///   of the run is reported by the flush that waits for it.
+    /// - In remote mode, runs it now, in the caller, and returns `Ok(true)` once it has run,
+    ///   or [`Error::WorkPanicked`] if it panicked: the panic is this call's, and no later
+    ///   flush or drain reports it again.
+    ///
+    /// [`Error::ShutDown`] once the instance has begun to shut down, in every mode. Allocates
+    /// nothing.
+    ///
+    /// A remote run takes the target CPU's lock in the caller, with no deadline: if the caller
+    /// (or the run itself, a second time) already holds that lock, it waits for itself, as with
+    /// a `Mutex`. [`drain_all_timeout`](Self::drain_all_timeout) bounds that wait.
     #[inline]
     pub fn queue_on(&self, cpu: usize) -> Result<bool> {
-        let idx = self.inner.idx(cpu)?;
-        match &self.workers[idx] {
-            Some(worker) => worker.post(&self.slots[idx]),
-            None => {
-                // A panic is kept for the next flush to report, like a queued one.
-                let _ = self.slots[idx].run(true);
-                Ok(true)
-            }
+        let shared = &*self.shared;
+        let idx = shared.inner.idx(cpu)?;
+        match &shared.workers[idx] {
+            Some(worker) => worker.post(&shared.slots[idx]),
+            None => self.run_remote(idx, cpu, None).map(|()| true),
         }
     }
 
+    /// A remote run of slot `idx`, through the instance's gate.
+    fn run_remote(&self, idx: usize, cpu: usize, limit: Option<(Instant, Duration)>) -> Result<()> {
+        let inner = &*self.shared.inner;
+        let Some(_pass) = inner.gate.enter() else {
+            return Err(Error::ShutDown { cpu });
+        };
+        let remote = inner.current_cpu() != Some(cpu);
+        self.shared.slots[idx].run_here(remote, limit)
+    }
+
     /// Waits until every run queued for `cpu` so far has finished (`pw_flush`); a no-op for
-    /// runs done remotely. Reports a panic of any run not reported yet.
+    /// runs done remotely. Reports the panics of the runs it covers that no earlier flush
+    /// reported ([`Error::WorkPanicked`], with how many). [`Error::SelfFlush`] when the caller
+    /// is the thread that runs `cpu`'s queue (a work item on `cpu`'s worker, or an owner
+    /// polling) and a run it would wait for is still in that queue: it would wait for itself.
     pub fn flush(&self, cpu: usize) -> Result<()> {
-        self.slots[self.inner.idx(cpu)?].flush(None)
+        self.flush_idx(self.shared.inner.idx(cpu)?, None)
     }
 
     /// Like [`flush`](Self::flush), but gives up after `timeout` with [`Error::Stall`], naming
     /// the CPU and the time waited: what a requester sees when the target's worker cannot get
     /// the CPU (a `SCHED_FIFO` task that never yields).
     pub fn flush_timeout(&self, cpu: usize, timeout: Duration) -> Result<()> {
-        self.slots[self.inner.idx(cpu)?].flush(Some((Instant::now(), timeout)))
+        let idx = self.shared.inner.idx(cpu)?;
+        self.flush_idx(idx, Some((Instant::now(), timeout)))
+    }
+
+    fn flush_idx(&self, idx: usize, limit: Option<(Instant, Duration)>) -> Result<()> {
+        let shared = &*self.shared;
+        let runs_queue = shared.workers[idx]
+            .as_ref()
+            .is_some_and(|worker| worker.run_by_caller());
+        shared.slots[idx].flush(limit, runs_queue)
     }
 
     /// Runs the work on every CPU for which `needs(cpu)` is true, then flushes each: the shape
-    /// of `lru_add_drain_all`, `drain_all_stock` and `flush_all`. Never gives up.
+    /// of `lru_add_drain_all`, `drain_all_stock` and `flush_all`. Never gives up: a remote run
+    /// whose CPU's lock is held (by the caller too) waits for it.
     pub fn drain_all(&self, needs: impl FnMut(usize) -> bool) -> DrainReport {
         self.drain(needs, None)
     }
 
-    /// Like [`drain_all`](Self::drain_all), with one deadline for the whole drain: CPUs whose
-    /// work has not finished by then are reported as [`Error::Stall`].
+    /// Like [`drain_all`](Self::drain_all), with one deadline for the whole drain, in both
+    /// modes: queued CPUs whose work has not finished by then are reported as
+    /// [`Error::Stall`], and a remote run that cannot take its CPU's lock by then (another
+    /// thread holds it, or the caller itself) gets [`Error::LockStall`] from
+    /// [`PerCpu::lock_work`](crate::PerCpu::lock_work), which the report carries too. A remote
+    /// run that starts after the deadline still runs if the lock is free.
     pub fn drain_all_timeout(
         &self,
         needs: impl FnMut(usize) -> bool,
@@ -583,34 +836,39 @@ impl PerCpuWork {
         mut needs: impl FnMut(usize) -> bool,
         limit: Option<(Instant, Duration)>,
     ) -> DrainReport {
+        let shared = &*self.shared;
         let mut report = DrainReport::default();
-        let mut touched = Vec::new();
-        for (idx, cpu) in self.inner.managed.iter().enumerate() {
+        let mut posted = Vec::new();
+        for (idx, cpu) in shared.inner.managed.iter().enumerate() {
             if !needs(cpu) {
                 report.skipped.insert(cpu);
                 continue;
             }
-            let outcome = match &self.workers[idx] {
-                Some(worker) => worker.post(&self.slots[idx]).map(|_| true),
-                None => {
-                    let _ = self.slots[idx].run(true);
-                    Ok(false)
-                }
-            };
-            match outcome {
-                Ok(true) => {
-                    report.queued.insert(cpu);
-                    touched.push(idx);
-                }
-                Ok(false) => {
-                    report.ran_remote.insert(cpu);
-                    touched.push(idx);
-                }
-                Err(e) => report.errors.push(e),
+            match &shared.workers[idx] {
+                Some(worker) => match worker.post(&shared.slots[idx]) {
+                    Ok(fresh) => {
+                        report.queued.insert(cpu);
+                        if !fresh {
+                            report.coalesced.insert(cpu);
+                        }
+                        posted.push(idx);
+                    }
+                    Err(e) => report.errors.push(e),
+                },
+                None => match self.run_remote(idx, cpu, limit) {
+                    Ok(()) => {
+                        report.ran_remote.insert(cpu);
+                    }
+                    Err(e @ Error::ShutDown { .. }) => report.errors.push(e),
+                    Err(e) => {
+                        report.ran_remote.insert(cpu);
+                        report.errors.push(e);
+                    }
+                },
             }
         }
-        for idx in touched {
-            if let Err(e) = self.slots[idx].flush(limit) {
+        for idx in posted {
+            if let Err(e) = self.flush_idx(idx, limit) {
                 report.errors.push(e);
             }
         }
@@ -619,12 +877,17 @@ impl PerCpuWork {
 }
 
 /// What a [`PerCpuWork::drain_all`] did, CPU by CPU.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct DrainReport {
     /// CPUs whose work was posted to their worker (and flushed).
     pub queued: CpuSet,
-    /// CPUs whose work ran in the caller, under their lock.
+    /// Among `queued`, the CPUs whose work was already pending there, so no new run was
+    /// queued (the kernel's `queue_work_on` returning `false`); the flush waited for the
+    /// pending run.
+    pub coalesced: CpuSet,
+    /// CPUs whose work ran in the caller, under their lock (including runs that panicked or
+    /// gave up at the deadline, which `errors` names).
     pub ran_remote: CpuSet,
     /// CPUs that did not need the work.
     pub skipped: CpuSet,

@@ -125,7 +125,9 @@ impl Shared {
 
     /// `lru_add_drain_per_cpu()`: the work item, run for `ctx.cpu()` wherever it runs.
     fn lru_add_drain_per_cpu(&self, ctx: &WorkCtx) {
-        let mut cpu = self.cpus.lock_work(ctx);
+        let Ok(mut cpu) = self.cpus.lock_work(ctx) else {
+            return; // a remote run past its drain's deadline: the drain reports it
+        };
         cpu.counters.drained(ctx);
         self.move_to_lru(&mut cpu);
         self.publish(ctx.cpu(), 0);

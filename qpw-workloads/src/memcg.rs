@@ -269,7 +269,9 @@ impl Shared {
 
     /// `drain_local_stock()`: the work item, run for `ctx.cpu()` wherever it runs.
     fn drain_local_stock(&self, ctx: &WorkCtx) {
-        let mut stock = self.stock.lock_work(ctx);
+        let Ok(mut stock) = self.stock.lock_work(ctx) else {
+            return; // a remote run past its drain's deadline: the drain reports it
+        };
         stock.counters.drained(ctx);
         self.drain_stock_fully(ctx.cpu(), &mut stock);
         self.flushing[self.skips.idx(ctx.cpu())].store(false, Ordering::Release);

@@ -137,7 +137,9 @@ impl Shared {
     fn drain_pages_zone(&self, ctx: &WorkCtx, zone: usize) {
         let chunk = self.config.batch << PCP_BATCH_SCALE_MAX;
         loop {
-            let mut pcp = self.pcp.lock_work(ctx);
+            let Ok(mut pcp) = self.pcp.lock_work(ctx) else {
+                return; // a remote run past its drain's deadline: the drain reports it
+            };
             let count = pcp.lists[zone].len();
             if count > 0 {
                 self.free_pcppages_bulk(&mut pcp, zone, count.min(chunk));
@@ -151,7 +153,10 @@ impl Shared {
 
     /// `drain_local_pages_wq()` / `drain_pages()`: the work item, for the zone of the drain.
     fn drain_pages(&self, ctx: &WorkCtx) {
-        self.pcp.lock_work(ctx).counters.drained(ctx);
+        match self.pcp.lock_work(ctx) {
+            Ok(mut pcp) => pcp.counters.drained(ctx),
+            Err(_) => return, // a remote run past its drain's deadline: the drain reports it
+        }
         match self.drain_zone.load(Ordering::Acquire) {
             ALL_ZONES => (0..self.config.zones).for_each(|zone| self.drain_pages_zone(ctx, zone)),
             zone => self.drain_pages_zone(ctx, zone),

@@ -194,7 +194,9 @@ impl Shared {
     /// lock, free them, then flush main in chunks.
     fn pcs_flush_all(&self, ctx: &WorkCtx) {
         let (spare, rcu_free) = {
-            let mut pcs = self.pcs.lock_work(ctx);
+            let Ok(mut pcs) = self.pcs.lock_work(ctx) else {
+                return; // a remote run past its drain's deadline: the drain reports it
+            };
             pcs.counters.drained(ctx);
             let detached = (pcs.spare.take(), pcs.rcu_free.take());
             self.publish(ctx.cpu(), &pcs);
@@ -216,7 +218,9 @@ impl Shared {
         let mut chunk = Vec::with_capacity(self.batch_max);
         loop {
             let remaining = {
-                let mut pcs = self.pcs.lock_work(ctx);
+                let Ok(mut pcs) = self.pcs.lock_work(ctx) else {
+                    return; // a remote run past its drain's deadline: the drain reports it
+                };
                 let keep = pcs.main.len().saturating_sub(self.batch_max);
                 chunk.extend(pcs.main.drain(keep..));
                 self.publish(ctx.cpu(), &pcs);
@@ -238,7 +242,9 @@ impl Shared {
         let ran_on = qpw_core::current_cpu().unwrap_or(usize::MAX);
         self.rcu_flush_ran_on[self.skips.idx(ctx.cpu())].store(ran_on, Ordering::Release);
         let rcu_free = {
-            let mut pcs = self.pcs.lock_work(ctx);
+            let Ok(mut pcs) = self.pcs.lock_work(ctx) else {
+                return; // a remote run past its drain's deadline: the drain reports it
+            };
             pcs.counters.drained(ctx);
             let rcu_free = pcs.rcu_free.take();
             self.publish(ctx.cpu(), &pcs);
