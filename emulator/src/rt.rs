@@ -620,7 +620,10 @@ mod tests {
     #[test]
     fn an_error_chain_names_each_cause_once() {
         let io = std::io::Error::from_raw_os_error(libc::EAGAIN);
-        let core = qpw_core::Error::Spawn { cpu: 1, source: io };
+        let core = qpw_core::Error::Spawn {
+            cpu: 1,
+            source: io.into(),
+        };
         let e = anyhow::Error::new(core).context("cannot set up the load");
         let text = error_chain(&e);
         assert_eq!(text.matches("os error 11").count(), 1, "{text}");
