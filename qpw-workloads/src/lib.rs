@@ -201,6 +201,18 @@ pub enum WorkloadError {
         reason: String,
     },
 
+    /// A free of something the workload did not hand out, or handed out and took back
+    /// already: a double free (the kernel's "double free detected" or "Bad page state").
+    #[error("{kind} {id} is not allocated: a double free, or never handed out by {alloc}")]
+    NotAllocated {
+        /// What was freed: `object` or `page`.
+        kind: &'static str,
+        /// Its number.
+        id: u64,
+        /// The function that hands it out (`kmem_cache_alloc`, `rmqueue_pcplist`).
+        alloc: &'static str,
+    },
+
     /// The framework refused: a work item could not be made (a worker did not start), or the
     /// calling thread has no CPU of the instance.
     #[error(transparent)]
@@ -427,6 +439,45 @@ pub(crate) fn drain_used_cpus(
         timeout,
     );
     DrainOutcome::from_report(report)
+}
+
+/// Which of a workload's numbered items (objects, pages) its callers hold: one bit each, set
+/// when the item is handed out and cleared when it comes back, so that a second free of the
+/// same item is caught instead of corrupting the counts.
+#[derive(Debug)]
+pub(crate) struct AllocMap {
+    words: Vec<qpw_core::sync::AtomicU64>,
+}
+
+impl AllocMap {
+    pub(crate) fn new(items: usize) -> Self {
+        AllocMap {
+            words: (0..items.div_ceil(64))
+                .map(|_| qpw_core::sync::AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    /// Marks `id` handed out.
+    pub(crate) fn hand_out(&self, id: usize) {
+        let before =
+            self.words[id / 64].fetch_or(1 << (id % 64), qpw_core::sync::Ordering::Relaxed);
+        debug_assert_eq!(before & (1 << (id % 64)), 0, "item {id} handed out twice");
+    }
+
+    /// Marks `id` returned; `false` (and nothing changed) when it was not handed out.
+    pub(crate) fn take_back(&self, id: usize) -> bool {
+        let bit = 1 << (id % 64);
+        self.words[id / 64].fetch_and(!bit, qpw_core::sync::Ordering::Relaxed) & bit != 0
+    }
+
+    /// How many items are handed out.
+    pub(crate) fn count(&self) -> usize {
+        self.words
+            .iter()
+            .map(|w| w.load(qpw_core::sync::Ordering::Relaxed).count_ones() as usize)
+            .sum()
+    }
 }
 
 /// Turns the problems a conservation check collected into its verdict: `Ok` when there are
