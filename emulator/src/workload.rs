@@ -1,7 +1,8 @@
 //! Which workload a run drives, and how it is built.
 //!
 //! The mm workloads come from `qpw-workloads` ([`qpw_workloads::build`], with the kernel's
-//! default sizes); `counter` is the emulator's own minimal workload ([`crate::counter`]).
+//! default sizes and memcg's synchronous drain, see `options()`); `counter` is the emulator's
+//! own minimal workload ([`crate::counter`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use qpw_core::Qpw;
+use qpw_workloads::memcg::StockDrainWait;
 use qpw_workloads::{Workload, WorkloadKind, WorkloadOptions};
 
 /// A workload name as the command line spells it.
@@ -60,7 +62,7 @@ impl WorkloadName {
             WorkloadName::Slub => WorkloadKind::Slub,
             WorkloadName::Pcp => WorkloadKind::Pcp,
         };
-        qpw_workloads::build(kind, qpw, &WorkloadOptions::default())
+        qpw_workloads::build(kind, qpw, &options())
             .with_context(|| format!("cannot build workload `{self}`"))
     }
 
@@ -68,6 +70,16 @@ impl WorkloadName {
     pub fn default_mm() -> Self {
         WorkloadName::Lru
     }
+}
+
+/// The kernel's sizes, with one change: memcg's `drain_all_stock` waits for the drain work it
+/// queues ([`StockDrainWait::Flush`], ours; the kernel's returns once the work is queued), so
+/// that the requester's drain time is, for memcg as for the other workloads, the time until
+/// every stock the drain took on is drained, and a worker that cannot run shows as a stall.
+fn options() -> WorkloadOptions {
+    let mut options = WorkloadOptions::default();
+    options.memcg.wait = StockDrainWait::Flush;
+    options
 }
 
 impl fmt::Display for WorkloadName {

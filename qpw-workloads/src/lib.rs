@@ -441,6 +441,95 @@ pub(crate) fn drain_used_cpus(
     DrainOutcome::from_report(report)
 }
 
+/// One drain's work, queued CPU by CPU and flushed together at the end: the kernel's
+/// `queue_work_on()` loop and its `has_work` mask, for drains that post more than one work item
+/// or that do not flush at all (memcg's `drain_all_stock`).
+pub(crate) struct DrainPass<'w> {
+    outcome: DrainOutcome,
+    /// The items to flush, with their CPU, in the order they were queued.
+    to_flush: Vec<(&'w qpw_core::PerCpuWork, usize)>,
+}
+
+impl<'w> DrainPass<'w> {
+    pub(crate) fn new() -> Self {
+        DrainPass {
+            outcome: DrainOutcome::default(),
+            to_flush: Vec::new(),
+        }
+    }
+
+    /// `queue_on(cpu)` (`pw_queue_on`): posted to the CPU's worker, or run here under the CPU's
+    /// lock, as the item's mode for that CPU says; counted accordingly.
+    pub(crate) fn queue(&mut self, work: &'w qpw_core::PerCpuWork, cpu: usize) {
+        let queued = matches!(work.is_queued(cpu), Ok(true));
+        match work.queue_on(cpu) {
+            Ok(_) => {
+                if queued {
+                    self.outcome.queued += 1;
+                } else {
+                    self.outcome.ran_remote += 1;
+                }
+                self.to_flush.push((work, cpu));
+            }
+            Err(e) => self.outcome.errors.push(e),
+        }
+    }
+
+    /// Counts a CPU this drain left alone.
+    pub(crate) fn skip(&mut self) {
+        self.outcome.skipped_cpus += 1;
+    }
+
+    /// Flushes `cpu`'s runs of `work` at the end, though this pass queued nothing there (a run
+    /// an earlier drain queued, which this one relies on).
+    pub(crate) fn flush_too(&mut self, work: &'w qpw_core::PerCpuWork, cpu: usize) {
+        self.to_flush.push((work, cpu));
+    }
+
+    /// Flushes every item (`flush_work`), all within `timeout` of `start` if there is one: a
+    /// CPU whose work has not run by then is reported as [`qpw_core::Error::Stall`], with the
+    /// whole drain's wait and timeout.
+    pub(crate) fn flush(
+        mut self,
+        start: std::time::Instant,
+        timeout: Option<Duration>,
+    ) -> DrainOutcome {
+        for (work, cpu) in std::mem::take(&mut self.to_flush) {
+            let flushed = match timeout {
+                None => work.flush(cpu),
+                Some(timeout) => work
+                    .flush_timeout(cpu, timeout.saturating_sub(start.elapsed()))
+                    .map_err(|e| match e {
+                        qpw_core::Error::Stall { cpu, .. } => qpw_core::Error::Stall {
+                            cpu,
+                            waited: start.elapsed(),
+                            timeout,
+                        },
+                        other => other,
+                    }),
+            };
+            if let Err(e) = flushed {
+                self.outcome.errors.push(e);
+            }
+        }
+        self.outcome
+    }
+
+    /// Returns without waiting for the queued work (`schedule_work_on()` with no
+    /// `flush_work()`). Runs done here, remotely, are complete: their flush only reports a
+    /// panic, at once.
+    pub(crate) fn leave_queued(mut self) -> DrainOutcome {
+        for (work, cpu) in std::mem::take(&mut self.to_flush) {
+            if matches!(work.is_queued(cpu), Ok(false)) {
+                if let Err(e) = work.flush(cpu) {
+                    self.outcome.errors.push(e);
+                }
+            }
+        }
+        self.outcome
+    }
+}
+
 /// Which of a workload's numbered items (objects, pages) its callers hold: one bit each, set
 /// when the item is handed out and cleared when it comes back, so that a second free of the
 /// same item is caught instead of corrupting the counts.
