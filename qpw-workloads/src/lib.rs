@@ -69,9 +69,13 @@ pub struct CpuCounters {
 }
 
 /// What one requester drain did.
+///
+/// A CPU is counted once, except where part of its drain must run on the CPU itself: the LRU's
+/// buffer-head invalidation stays queued to a remote-mode CPU's worker while its folio batches
+/// are drained remotely, so that CPU counts in both `queued` and `ran_remote`.
 #[derive(Debug, Default)]
 pub struct DrainOutcome {
-    /// CPUs whose drain was queued to their worker.
+    /// CPUs whose drain (or part of it) was queued to their worker.
     pub queued: usize,
     /// CPUs drained remotely by the requester.
     pub ran_remote: usize,
@@ -211,6 +215,17 @@ pub enum WorkloadError {
         id: u64,
         /// The function that hands it out (`kmem_cache_alloc`, `rmqueue_pcplist`).
         alloc: &'static str,
+    },
+
+    /// A folio that no CPU of the instance added: its CPU is not managed, or its number is 0.
+    #[error(
+        "folio {folio} was never added: folios are (cpu, n) with cpu in {managed} and n from 1"
+    )]
+    NoSuchFolio {
+        /// The folio as given, `(cpu, n)`.
+        folio: String,
+        /// The managed CPUs.
+        managed: String,
     },
 
     /// The framework refused: a work item could not be made (a worker did not start), or the

@@ -34,7 +34,21 @@ fn instance(policy: Policy) -> Arc<Qpw> {
 
 /// Batches of 2 instead of 31: the drain logic does not depend on the size.
 fn tiny_lru(qpw: &Qpw) -> Arc<Lru> {
-    Arc::new(Lru::new(qpw, LruConfig { batch_size: 2 }).expect("build the LRU"))
+    let config = LruConfig {
+        batch_size: 2,
+        ..LruConfig::default()
+    };
+    Arc::new(Lru::new(qpw, config).expect("build the LRU"))
+}
+
+/// Runs an LRU model with room for more branches per execution than loom's default 1000: an
+/// LRU drain reads three hints per CPU and takes three locks per CPU (the two batch locks and
+/// the buffer-head LRU's), and each remote-mode CPU brings the worker of the buffer-head
+/// invalidation. No spinning is involved: every wait in qpw-core blocks.
+fn lru_model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 20_000;
+    builder.check(f);
 }
 
 /// Two slots of at most 2 pages instead of 7 of 64, over root -> {1, 2}: the stock and drain
@@ -57,7 +71,7 @@ fn tiny_memcg(qpw: &Qpw) -> Arc<Memcg> {
 /// call.
 #[test]
 fn loom_lru_generation_skip_never_loses_a_folio() {
-    loom::model(|| {
+    lru_model(|| {
         let qpw = instance(Policy::Remote);
         let lru = tiny_lru(&qpw);
         let add_then_drain = {
@@ -94,7 +108,7 @@ fn loom_lru_generation_skip_never_loses_a_folio() {
 /// and at the end every folio is in exactly one place.
 #[test]
 fn loom_lru_queued_drain_against_the_owner() {
-    loom::model(|| {
+    lru_model(|| {
         let qpw = instance(Policy::RemoteOn("1".parse().unwrap()));
         let lru = tiny_lru(&qpw);
         let owner = {
