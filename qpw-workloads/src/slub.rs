@@ -679,6 +679,65 @@ mod tests {
         slub.check_conservation().unwrap();
     }
 
+    /// `sheaf_flush_main()` releases the CPU's lock between chunks of `PCS_BATCH_MAX`: with the
+    /// flush stopped after its first chunk (it waits for the slabs' lock, which this test
+    /// holds), a thread of the CPU takes the CPU's lock and frees an object into the sheaf
+    /// being flushed; the flush then goes on, and takes that object too. In both modes: the
+    /// flush runs in the requester (remote) or on the CPU's worker (queue).
+    #[test]
+    fn another_thread_takes_the_lock_between_two_chunks_of_one_flush() {
+        for policy in [qpw_core::Policy::Remote, qpw_core::Policy::Queue] {
+            let qpw = qpw_core::Qpw::builder()
+                .cpus(qpw_core::CpuSpec::Logical(2))
+                .policy(policy.clone())
+                .build()
+                .unwrap();
+            let slub = Slub::new(
+                &qpw,
+                SlubConfig {
+                    sheaf_capacity: 3 * PCS_BATCH_MAX,
+                    batch_max: PCS_BATCH_MAX,
+                    objects: 1024,
+                },
+            )
+            .unwrap();
+            let kept = {
+                let _bound = qpw.bind_current(1).unwrap();
+                let objects: Vec<Object> = (0..3 * PCS_BATCH_MAX)
+                    .map(|_| slub.kmem_cache_alloc().unwrap().unwrap())
+                    .collect();
+                for &object in &objects[1..] {
+                    slub.kmem_cache_free(object).unwrap();
+                }
+                objects[0]
+            };
+            assert_eq!(slub.sheaf_lens()[1], (1, 3 * PCS_BATCH_MAX - 1, 0));
+            std::thread::scope(|s| {
+                let slabs = lock(&slub.shared.slabs);
+                let flusher = s.spawn(|| slub.flush_all());
+                // Wait for the first chunk: taken under the CPU's lock, then the flush waits
+                // for the slabs.
+                while slub.flush_chunks() < 1 {
+                    std::thread::yield_now();
+                }
+                let _bound = qpw.bind_current(1).unwrap();
+                {
+                    let pcs = slub.shared.pcs.try_lock(1).unwrap();
+                    let pcs = pcs.expect("the flush kept the CPU's lock between chunks");
+                    assert_eq!(pcs.main.len(), 2 * PCS_BATCH_MAX - 1, "{policy:?}");
+                }
+                slub.kmem_cache_free(kept).unwrap();
+                drop(slabs);
+                let outcome = flusher.join().unwrap();
+                assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+            });
+            assert_eq!(slub.flush_chunks(), 3, "{policy:?}");
+            assert_eq!(slub.sheaf_lens()[1], (1, 0, 0), "{policy:?}");
+            assert_eq!(slub.slab_free(), 1024);
+            slub.check_conservation().unwrap();
+        }
+    }
+
     #[test]
     fn rcu_sheaf_goes_through_a_grace_period() {
         let qpw = remote(1);
