@@ -419,6 +419,33 @@ impl std::fmt::Debug for DrainInProgress<'_> {
     }
 }
 
+/// One CPU's lock of a workload's per-CPU state, held until dropped: a task of that CPU inside
+/// its critical section, for tests and experiments ([`memcg::Memcg::hold_local_stock`],
+/// [`lru::Lru::hold_fbatches_lock`]).
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct CpuLockHeld<'a> {
+    _guard: Box<dyn HeldGuard + 'a>,
+}
+
+/// Any guard, kept only to be dropped.
+trait HeldGuard {}
+
+impl<T: ?Sized> HeldGuard for T {}
+
+impl<'a> CpuLockHeld<'a> {
+    pub(crate) fn new<T: 'a>(guard: qpw_core::PerCpuGuard<'a, T>) -> Self {
+        CpuLockHeld {
+            _guard: Box::new(guard),
+        }
+    }
+}
+
+impl std::fmt::Debug for CpuLockHeld<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CpuLockHeld")
+    }
+}
+
 /// Runs `work` on the CPUs `needs` picks, then flushes them, within `timeout` if there is one.
 pub(crate) fn drain_cpus(
     work: &qpw_core::PerCpuWork,

@@ -92,8 +92,8 @@ use qpw_core::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use qpw_core::{CpuSet, PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
 use crate::{
-    conservation_verdict, lock, CpuCounters, DrainOutcome, DrainPass, OwnerCounters, SkipCounters,
-    Workload, WorkloadError,
+    conservation_verdict, lock, CpuCounters, CpuLockHeld, DrainOutcome, DrainPass, OwnerCounters,
+    SkipCounters, Workload, WorkloadError,
 };
 
 /// `FOLIO_BATCH_SIZE` (`include/linux/pagevec.h`): folios per batch since 2024.
@@ -299,18 +299,6 @@ impl Shared {
             self.bh_refs[block as usize].fetch_sub(1, Ordering::Relaxed);
         }
         self.publish_bh(ctx.cpu(), &bh);
-    }
-}
-
-/// A CPU's `cpu_fbatches.lock`, held by [`Lru::hold_fbatches_lock`] until dropped.
-#[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct FbatchesHeld<'a> {
-    _guard: PerCpuGuard<'a, Fbatches>,
-}
-
-impl std::fmt::Debug for FbatchesHeld<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("FbatchesHeld")
     }
 }
 
@@ -623,10 +611,8 @@ impl Lru {
     /// does, until the guard is dropped: meanwhile `folio_rotate_reclaimable()` on this CPU
     /// still goes through (it takes `lock_irq` only), and adds, deactivations and drains of
     /// this CPU wait. Fails when the thread has no CPU of the instance.
-    pub fn hold_fbatches_lock(&self) -> Result<FbatchesHeld<'_>> {
-        Ok(FbatchesHeld {
-            _guard: self.shared.fbatches.lock_local()?,
-        })
+    pub fn hold_fbatches_lock(&self) -> Result<CpuLockHeld<'_>> {
+        Ok(CpuLockHeld::new(self.shared.fbatches.lock_local()?))
     }
 
     /// Folios on the LRU list.

@@ -90,8 +90,8 @@ use qpw_core::{CpuSet, PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
 pub use crate::DrainInProgress;
 use crate::{
-    conservation_verdict, lock, CpuCounters, DrainOutcome, DrainPass, OwnerCounters, SkipCounters,
-    Workload, WorkloadError,
+    conservation_verdict, lock, CpuCounters, CpuLockHeld, DrainOutcome, DrainPass, OwnerCounters,
+    SkipCounters, Workload, WorkloadError,
 };
 
 /// `NR_MEMCG_STOCK` (`mm/memcontrol.c`, 2025): memcgs cached per CPU.
@@ -398,18 +398,6 @@ impl Shared {
             .filter(|&(memcg, _)| self.is_descendant(memcg, root))
             .map(|(_, nr)| nr)
             .sum()
-    }
-}
-
-/// A CPU's stock lock, held by [`Memcg::hold_local_stock`] until dropped.
-#[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct StockHeld<'a> {
-    _guard: PerCpuGuard<'a, Stock>,
-}
-
-impl std::fmt::Debug for StockHeld<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("StockHeld")
     }
 }
 
@@ -753,10 +741,8 @@ impl Memcg {
     /// a task interrupted inside `consume_stock()` holds it: meanwhile, on this CPU,
     /// `consume_stock` fails and `refill_stock` uncharges directly, and a drain of this CPU
     /// waits. Fails when the thread has no CPU of the instance.
-    pub fn hold_local_stock(&self) -> Result<StockHeld<'_>> {
-        Ok(StockHeld {
-            _guard: self.shared.stock.lock_local()?,
-        })
+    pub fn hold_local_stock(&self) -> Result<CpuLockHeld<'_>> {
+        Ok(CpuLockHeld::new(self.shared.stock.lock_local()?))
     }
 
     /// The page counter of `memcg` (its usage, pages), or 0 for an unknown memcg.

@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use common::{mixed, remote_on};
 use proptest::prelude::*;
-use qpw_core::{CpuSpec, Policy, Qpw};
 use qpw_workloads::lru::{
     Folio, Lru, LruConfig, BH_LRU_SIZE, FOLIO_BATCH_SIZE, FOLIO_BATCH_SIZE_BEFORE_2024,
 };
@@ -286,13 +285,7 @@ fn the_bh_lru_keeps_sixteen_and_drops_the_least_recent() {
 /// Needs a fake sysfs tree whose last allowed CPU is isolated.
 #[test]
 fn isolated_cpus_cache_no_buffer_heads() {
-    let (root, last) = mm_common::fake_sysfs("lru-bh");
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Allowed)
-        .policy(Policy::Isolated)
-        .sysfs_root(&root.0)
-        .build()
-        .unwrap();
+    let (qpw, _root, last) = mm_common::physical_isolated("lru-bh");
     let lru = Lru::new(&qpw, LruConfig::default()).unwrap();
     assert_eq!(lru.isolated_cpus().as_slice(), [last]);
     for cpu in qpw.cpus().iter() {

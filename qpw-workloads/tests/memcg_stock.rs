@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{mixed, remote};
 use proptest::prelude::*;
-use qpw_core::{CpuSpec, Policy, Qpw};
+use qpw_core::Qpw;
 use qpw_workloads::memcg::{
     Charge, Memcg, MemcgConfig, StockDrainStrategy, StockDrainWait, MEMCG_CHARGE_BATCH,
     NR_MEMCG_STOCK, UNLIMITED,
@@ -128,13 +128,7 @@ fn a_drain_from_another_thread_is_skipped_while_one_runs() {
 
 #[test]
 fn skip_isolated_strands_pages_and_reports_them() {
-    let (root, last) = mm_common::fake_sysfs("memcg-skip");
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Allowed)
-        .policy(Policy::Isolated)
-        .sysfs_root(&root.0)
-        .build()
-        .unwrap();
+    let (qpw, _root, last) = mm_common::physical_isolated("memcg-skip");
     let memcg = Memcg::new(&qpw, small(StockDrainStrategy::SkipIsolated)).unwrap();
     assert_eq!(memcg.isolated_cpus().as_slice(), [last]);
     for cpu in qpw.cpus().iter() {
@@ -296,13 +290,7 @@ fn a_refill_that_cannot_take_the_lock_uncharges_directly() {
 /// Needs two allowed CPUs (one housekeeping, one isolated in a fake sysfs tree).
 #[test]
 fn a_skipped_isolated_cpu_keeps_a_stale_flushing_bit() {
-    let (root, last) = mm_common::fake_sysfs("memcg-stale");
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Allowed)
-        .policy(Policy::Isolated)
-        .sysfs_root(&root.0)
-        .build()
-        .unwrap();
+    let (qpw, _root, last) = mm_common::physical_isolated("memcg-stale");
     let Some(housekeeping) = qpw.cpus().iter().find(|&c| c != last) else {
         eprintln!("one CPU only: no housekeeping CPU to drain from");
         return;
