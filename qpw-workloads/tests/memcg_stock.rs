@@ -94,6 +94,23 @@ fn drain_all_stock_only_visits_cpus_caching_a_descendant() {
 }
 
 #[test]
+fn the_callers_own_stock_is_drained_directly() {
+    let qpw = mixed();
+    let memcg = Memcg::new(&qpw, MemcgConfig::default()).unwrap();
+    let _bound = qpw.bind_current(0).unwrap(); // a queue-mode CPU
+    memcg.try_charge(3, 1).unwrap();
+    let outcome = memcg.drain_all_stock(0).unwrap();
+    // Not queued to cpu 0's worker: drained here, before the (asynchronous) drain returned.
+    assert_eq!(
+        (outcome.queued, outcome.ran_remote, outcome.skipped_cpus),
+        (0, 0, 1)
+    );
+    assert_eq!(memcg.stocked_per_cpu(), [(0, 0), (1, 0)]);
+    assert!(memcg.flushing_cpus().is_empty());
+    assert_eq!(memcg.counters()[0].drains_queued, 0);
+}
+
+#[test]
 fn drain_all_stock_returns_at_once_while_another_drain_runs() {
     let qpw = mixed();
     let memcg = Memcg::new(&qpw, MemcgConfig::default()).unwrap();
