@@ -32,6 +32,7 @@ fn small(strategy: StockDrainStrategy) -> MemcgConfig {
 fn smoke() {
     let qpw = mixed();
     let memcg = Memcg::new(&qpw, MemcgConfig::default()).unwrap();
+    assert_eq!((NR_MEMCG_STOCK, MEMCG_CHARGE_BATCH), (7, 64));
     assert_eq!(memcg.nr_memcgs(), 13);
     assert_eq!(memcg.leaves().len(), 10);
     for cpu in 0..2 {

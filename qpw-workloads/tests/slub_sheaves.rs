@@ -59,6 +59,7 @@ fn flush_all_queues_only_to_cpus_with_used_sheaves() {
 
 #[test]
 fn the_main_sheaf_is_flushed_in_chunks_of_pcs_batch_max() {
+    assert_eq!(PCS_BATCH_MAX, 32);
     let qpw = mixed();
     let capacity = 3 * PCS_BATCH_MAX - 10; // 86: chunks of 32, 32 and 22
     let slub = Slub::new(
