@@ -1,8 +1,9 @@
 //! Which workload a run drives, and how it is built.
 //!
 //! The mm workloads come from `qpw-workloads` ([`qpw_workloads::build`], with the kernel's
-//! default sizes); `counter` is the emulator's own minimal workload ([`crate::counter`]); the
-//! `kernel-*` workloads set off the running kernel's own drains ([`crate::kernel`]).
+//! default sizes and memcg's synchronous drain, see `options()`); `counter` is the emulator's
+//! own minimal workload ([`crate::counter`]); the `kernel-*` workloads set off the running
+//! kernel's own drains ([`crate::kernel`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use qpw_core::Qpw;
+use qpw_workloads::memcg::StockDrainWait;
 use qpw_workloads::{Workload, WorkloadKind, WorkloadOptions};
 
 use crate::kernel::KernelDrain;
@@ -81,7 +83,7 @@ impl WorkloadName {
                 anyhow::bail!("`{k}` is the running kernel's own drain: it has no emulated cache")
             }
         };
-        qpw_workloads::build(kind, qpw, &WorkloadOptions::default())
+        qpw_workloads::build(kind, qpw, &options())
             .with_context(|| format!("cannot build workload `{self}`"))
     }
 
@@ -89,6 +91,16 @@ impl WorkloadName {
     pub fn default_mm() -> Self {
         WorkloadName::Lru
     }
+}
+
+/// The kernel's sizes, with one change: memcg's `drain_all_stock` waits for the drain work it
+/// queues ([`StockDrainWait::Flush`], ours; the kernel's returns once the work is queued), so
+/// that the requester's drain time is, for memcg as for the other workloads, the time until
+/// every stock the drain took on is drained, and a worker that cannot run shows as a stall.
+fn options() -> WorkloadOptions {
+    let mut options = WorkloadOptions::default();
+    options.memcg.wait = StockDrainWait::Flush;
+    options
 }
 
 impl fmt::Display for WorkloadName {

@@ -69,9 +69,13 @@ pub struct CpuCounters {
 }
 
 /// What one requester drain did.
+///
+/// A CPU is counted once, except where part of its drain must run on the CPU itself: the LRU's
+/// buffer-head invalidation stays queued to a remote-mode CPU's worker while its folio batches
+/// are drained remotely, so that CPU counts in both `queued` and `ran_remote`.
 #[derive(Debug, Default)]
 pub struct DrainOutcome {
-    /// CPUs whose drain was queued to their worker.
+    /// CPUs whose drain (or part of it) was queued to their worker.
     pub queued: usize,
     /// CPUs drained remotely by the requester.
     pub ran_remote: usize,
@@ -199,6 +203,29 @@ pub enum WorkloadError {
     Hierarchy {
         /// What is wrong with it.
         reason: String,
+    },
+
+    /// A free of something the workload did not hand out, or handed out and took back
+    /// already: a double free (the kernel's "double free detected" or "Bad page state").
+    #[error("{kind} {id} is not allocated: a double free, or never handed out by {alloc}")]
+    NotAllocated {
+        /// What was freed: `object` or `page`.
+        kind: &'static str,
+        /// Its number.
+        id: u64,
+        /// The function that hands it out (`kmem_cache_alloc`, `rmqueue_pcplist`).
+        alloc: &'static str,
+    },
+
+    /// A folio that no CPU of the instance added: its CPU is not managed, or its number is 0.
+    #[error(
+        "folio {folio} was never added: folios are (cpu, n) with cpu in {managed} and n from 1"
+    )]
+    NoSuchFolio {
+        /// The folio as given, `(cpu, n)`.
+        folio: String,
+        /// The managed CPUs.
+        managed: String,
     },
 
     /// The framework refused: a work item could not be made (a worker did not start), or the
@@ -392,6 +419,33 @@ impl std::fmt::Debug for DrainInProgress<'_> {
     }
 }
 
+/// One CPU's lock of a workload's per-CPU state, held until dropped: a task of that CPU inside
+/// its critical section, for tests and experiments ([`memcg::Memcg::hold_local_stock`],
+/// [`lru::Lru::hold_fbatches_lock`]).
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct CpuLockHeld<'a> {
+    _guard: Box<dyn HeldGuard + 'a>,
+}
+
+/// Any guard, kept only to be dropped.
+trait HeldGuard {}
+
+impl<T: ?Sized> HeldGuard for T {}
+
+impl<'a> CpuLockHeld<'a> {
+    pub(crate) fn new<T: 'a>(guard: qpw_core::PerCpuGuard<'a, T>) -> Self {
+        CpuLockHeld {
+            _guard: Box::new(guard),
+        }
+    }
+}
+
+impl std::fmt::Debug for CpuLockHeld<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CpuLockHeld")
+    }
+}
+
 /// Runs `work` on the CPUs `needs` picks, then flushes them, within `timeout` if there is one.
 pub(crate) fn drain_cpus(
     work: &qpw_core::PerCpuWork,
@@ -427,6 +481,134 @@ pub(crate) fn drain_used_cpus(
         timeout,
     );
     DrainOutcome::from_report(report)
+}
+
+/// One drain's work, queued CPU by CPU and flushed together at the end: the kernel's
+/// `queue_work_on()` loop and its `has_work` mask, for drains that post more than one work item
+/// or that do not flush at all (memcg's `drain_all_stock`).
+pub(crate) struct DrainPass<'w> {
+    outcome: DrainOutcome,
+    /// The items to flush, with their CPU, in the order they were queued.
+    to_flush: Vec<(&'w qpw_core::PerCpuWork, usize)>,
+}
+
+impl<'w> DrainPass<'w> {
+    pub(crate) fn new() -> Self {
+        DrainPass {
+            outcome: DrainOutcome::default(),
+            to_flush: Vec::new(),
+        }
+    }
+
+    /// `queue_on(cpu)` (`pw_queue_on`): posted to the CPU's worker, or run here under the CPU's
+    /// lock, as the item's mode for that CPU says; counted accordingly.
+    pub(crate) fn queue(&mut self, work: &'w qpw_core::PerCpuWork, cpu: usize) {
+        let queued = matches!(work.is_queued(cpu), Ok(true));
+        match work.queue_on(cpu) {
+            Ok(_) => {
+                if queued {
+                    self.outcome.queued += 1;
+                } else {
+                    self.outcome.ran_remote += 1;
+                }
+                self.to_flush.push((work, cpu));
+            }
+            Err(e) => self.outcome.errors.push(e),
+        }
+    }
+
+    /// Counts a CPU this drain left alone.
+    pub(crate) fn skip(&mut self) {
+        self.outcome.skipped_cpus += 1;
+    }
+
+    /// Flushes `cpu`'s runs of `work` at the end, though this pass queued nothing there (a run
+    /// an earlier drain queued, which this one relies on).
+    pub(crate) fn flush_too(&mut self, work: &'w qpw_core::PerCpuWork, cpu: usize) {
+        self.to_flush.push((work, cpu));
+    }
+
+    /// Flushes every item (`flush_work`), all within `timeout` of `start` if there is one: a
+    /// CPU whose work has not run by then is reported as [`qpw_core::Error::Stall`], with the
+    /// whole drain's wait and timeout.
+    pub(crate) fn flush(
+        mut self,
+        start: std::time::Instant,
+        timeout: Option<Duration>,
+    ) -> DrainOutcome {
+        for (work, cpu) in std::mem::take(&mut self.to_flush) {
+            let flushed = match timeout {
+                None => work.flush(cpu),
+                Some(timeout) => work
+                    .flush_timeout(cpu, timeout.saturating_sub(start.elapsed()))
+                    .map_err(|e| match e {
+                        qpw_core::Error::Stall { cpu, .. } => qpw_core::Error::Stall {
+                            cpu,
+                            waited: start.elapsed(),
+                            timeout,
+                        },
+                        other => other,
+                    }),
+            };
+            if let Err(e) = flushed {
+                self.outcome.errors.push(e);
+            }
+        }
+        self.outcome
+    }
+
+    /// Returns without waiting for the queued work (`schedule_work_on()` with no
+    /// `flush_work()`). Runs done here, remotely, are complete: their flush only reports a
+    /// panic, at once.
+    pub(crate) fn leave_queued(mut self) -> DrainOutcome {
+        for (work, cpu) in std::mem::take(&mut self.to_flush) {
+            if matches!(work.is_queued(cpu), Ok(false)) {
+                if let Err(e) = work.flush(cpu) {
+                    self.outcome.errors.push(e);
+                }
+            }
+        }
+        self.outcome
+    }
+}
+
+/// Which of a workload's numbered items (objects, pages) its callers hold: one bit each, set
+/// when the item is handed out and cleared when it comes back, so that a second free of the
+/// same item is caught instead of corrupting the counts.
+#[derive(Debug)]
+pub(crate) struct AllocMap {
+    words: Vec<qpw_core::sync::AtomicU64>,
+}
+
+impl AllocMap {
+    pub(crate) fn new(items: usize) -> Self {
+        AllocMap {
+            words: (0..items.div_ceil(64))
+                .map(|_| qpw_core::sync::AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    /// Marks `id` handed out.
+    pub(crate) fn hand_out(&self, id: usize) {
+        let before =
+            self.words[id / 64].fetch_or(1 << (id % 64), qpw_core::sync::Ordering::Relaxed);
+        debug_assert_eq!(before & (1 << (id % 64)), 0, "item {id} handed out twice");
+    }
+
+    /// Marks `id` returned; `false` (and nothing changed) when it was not handed out.
+    pub(crate) fn take_back(&self, id: usize) -> bool {
+        let bit = 1 << (id % 64);
+        self.words[id / 64].fetch_and(!bit, qpw_core::sync::Ordering::Relaxed) & bit != 0
+    }
+
+    /// How many items are handed out.
+    pub(crate) fn count(&self) -> usize {
+        self.words
+            .iter()
+            .map(|w| w.load(qpw_core::sync::Ordering::Relaxed).count_ones() as usize)
+            .sum()
+    }
 }
 
 /// Turns the problems a conservation check collected into its verdict: `Ok` when there are

@@ -19,33 +19,62 @@
 //!   refill the surplus; on failure retry with exactly `nr`, then `drain_all_stock()` the memcg
 //!   over its limit and retry once more, then fail (`-ENOMEM`; reclaim is left out here);
 //! - `drain_all_stock(root)`: returns at once when another drain holds `percpu_charge_mutex`
-//!   (`mutex_trylock`); otherwise, for every CPU whose stock caches a descendant of `root`
-//!   (a racy peek), sets its `FLUSHING_CACHED_CHARGE` bit and drains it: the caller's own CPU
-//!   directly, the others by `schedule_work_on(cpu, &stock->work)`, except, in mainline since
-//!   2023, CPUs that `cpu_is_isolated()`: those are skipped, and their pages stay charged.
+//!   (`mutex_trylock`); otherwise, for every CPU whose `FLUSHING_CACHED_CHARGE` bit is clear and
+//!   whose stock caches a descendant of `root` (a racy peek), sets the bit
+//!   (`test_and_set_bit`) and drains the stock: the caller's own CPU directly
+//!   (`drain_local_memcg_stock()`), the others by `schedule_work_on(cpu, &stock->work)`, except,
+//!   in mainline since 2023, CPUs that `cpu_is_isolated()`: those are left alone and their pages
+//!   stay charged. It does **not** wait for the work it schedules: the work drains the stock
+//!   and clears the bit whenever the CPU's kworker gets to run.
 //!
-//! # Three strategies for the remote drain
+//! # The FLUSHING bit
+//!
+//! The bit says "a drain of this CPU is on its way": a drain that finds it set skips the CPU,
+//! trusting the work already scheduled. Only the drain work (`drain_local_memcg_stock()`, run
+//! on the CPU) clears it. Mainline sets the bit *before* it looks at isolation, so on an
+//! isolated CPU the bit is set, no work is scheduled, and the bit stays set: every later
+//! `drain_all_stock` skips that CPU, even one the isolated CPU runs itself (the bit is tested
+//! before the "own CPU" case), until the CPU runs `drain_local_memcg_stock()` itself. This
+//! model reproduces that stale bit ([`StockDrainStrategy::SkipIsolated`],
+//! [`Memcg::flushing_cpus`]); [`Memcg::drain_local_stock`] is the CPU running the drain work
+//! itself, which nothing in mainline does for an isolated CPU.
+//!
+//! # Strategies for the remote drain, and how long the requester waits
 //!
 //! [`StockDrainStrategy::PerCpuWork`] makes the drain a [`PerCpuWork`] from the [`Qpw`]
 //! instance, so the instance's mode decides: *queued* to the CPU's worker (mode 0, the
 //! kernel's `schedule_work_on`) or *remote-locked*, run by the requester under the CPU's lock
 //! (mode 1, the QPW patches: Leonardo Bras measured `drain_all_stock` at 156 275 cycles queued
 //! and 58 054 remote on 128 CPUs). [`StockDrainStrategy::SkipIsolated`] is mainline's: CPUs
-//! whose physical CPU the instance found isolated are left alone, and the pages their stocks
-//! keep charged are reported ([`CpuCounters::stranded`]).
+//! whose physical CPU the instance found isolated are left alone (with a stale FLUSHING bit),
+//! and the pages their stocks keep charged are reported ([`CpuCounters::stranded`]).
+//!
+//! [`StockDrainWait::Async`], the default, is the kernel's: the requester queues and returns.
+//! In remote mode that makes no difference (the work has run when `queue_on` returns); in queue
+//! mode the stocks drain later, when each worker runs, and a charge that needed the room (the
+//! retry in `try_charge_memcg()`) can fail first. [`StockDrainWait::Flush`] is ours (older
+//! kernels had it as `drain_all_stock(root, sync = true)`): after queuing, the requester
+//! flushes the work of every CPU whose FLUSHING bit is set, so that the stocks it saw are empty
+//! when it returns and its latency is the whole drain's (what the emulator measures).
 //!
 //! # What this model simplifies
 //!
 //! The object stock (`obj_stock`, byte-sized kmem charges) and memsw accounting are left out;
-//! reclaim is left out (a charge over the limit fails after one drain); eviction is round-robin
-//! instead of `get_random_u32_below(NR_MEMCG_STOCK)`, so runs are reproducible; uncharging is
-//! `obj_cgroup_uncharge_pages()`'s path, a `refill_stock()`. The kernel's `drain_all_stock`
-//! does not wait for the work it schedules; this one flushes it, so that the requester's
-//! latency is the whole drain's (what the emulator measures) and the stocks are empty when it
-//! returns. Another CPU's slots cannot be read without its lock in Rust: each CPU publishes
-//! each slot as one atomic word (memcg and pages), written by the owner under its lock and
-//! read by drainers. The `FLUSHING_CACHED_CHARGE` bit is checked after the isolation test, so a
-//! skipped CPU is not marked forever (mainline sets it first and leaves it set).
+//! reclaim is left out (a charge over the limit fails after one drain: with the asynchronous
+//! drain in queue mode, before the workers had a chance to run, where the kernel would reclaim
+//! and retry up to `MAX_RECLAIM_RETRIES` times meanwhile); eviction is round-robin instead of
+//! `get_random_u32_below(NR_MEMCG_STOCK)`, so runs are reproducible; uncharging is
+//! `obj_cgroup_uncharge_pages()`'s path, a `refill_stock()`. Another CPU's slots cannot be read
+//! without its lock in Rust: each CPU publishes each slot as one atomic word (memcg and pages),
+//! written by the owner under its lock and read by drainers. The forced drain of
+//! [`Workload::drain`] is ours (the kernel has none): it waits for a running drain instead of
+//! returning, ignores the FLUSHING bits, visits every CPU the strategy allows, and flushes.
+//!
+//! `refill_stock()` (and `consume_stock()`) only *try* the CPU's lock: in the kernel it fails
+//! when the refill comes from an interrupt (or NMI) that arrived while the task on that CPU held
+//! it; here, when another thread of the CPU holds it (a remote drain, a preempted task, or the
+//! same thread through [`Memcg::hold_local_stock`]). A refill that cannot take it uncharges the
+//! pages from the page counters directly.
 //!
 //! # Conservation
 //!
@@ -54,15 +83,15 @@
 //! `usage(m) = sum over d in subtree(m) of (held(d) + stocked(d))`, never above `max(m)`.
 
 use std::collections::VecDeque;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use qpw_core::sync::{Arc, AtomicBool, AtomicU64, Mutex, Ordering};
 use qpw_core::{CpuSet, PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
 pub use crate::DrainInProgress;
 use crate::{
-    conservation_verdict, drain_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters, SkipCounters,
-    Workload, WorkloadError,
+    conservation_verdict, lock, CpuCounters, CpuLockHeld, DrainOutcome, DrainPass, OwnerCounters,
+    SkipCounters, Workload, WorkloadError,
 };
 
 /// `NR_MEMCG_STOCK` (`mm/memcontrol.c`, 2025): memcgs cached per CPU.
@@ -93,6 +122,19 @@ pub enum StockDrainStrategy {
     SkipIsolated,
 }
 
+/// How long `drain_all_stock` waits for the drain work it queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StockDrainWait {
+    /// The kernel's: queue the work and return. A queued CPU's FLUSHING bit stays set until
+    /// its worker has run the drain, and drains meanwhile skip it.
+    #[default]
+    Async,
+    /// Ours (older kernels' `drain_all_stock(root, sync = true)`): after queuing, flush the
+    /// work of every CPU whose FLUSHING bit is set, so that the stocks the drain saw are empty
+    /// when it returns.
+    Flush,
+}
+
 /// The memcg workload's parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemcgConfig {
@@ -107,6 +149,8 @@ pub struct MemcgConfig {
     pub limits: Vec<u64>,
     /// How remote stocks are drained.
     pub strategy: StockDrainStrategy,
+    /// Whether `drain_all_stock` waits for the work it queues.
+    pub wait: StockDrainWait,
 }
 
 impl Default for MemcgConfig {
@@ -124,6 +168,7 @@ impl Default for MemcgConfig {
             parents,
             limits,
             strategy: StockDrainStrategy::default(),
+            wait: StockDrainWait::default(),
         }
     }
 }
@@ -184,6 +229,7 @@ struct Shared {
     slots: usize,
     batch: u64,
     strategy: StockDrainStrategy,
+    wait: StockDrainWait,
     parents: Vec<Option<MemcgId>>,
     counters: Vec<PageCounter>,
     /// Pages held by tasks, per memcg.
@@ -192,7 +238,8 @@ struct Shared {
     /// Per CPU (by slot index) and stock slot: the slot packed in one word ([`pack`]),
     /// published by the owner under its lock.
     hints: Vec<Vec<AtomicU64>>,
-    /// Per CPU: `FLUSHING_CACHED_CHARGE`.
+    /// Per CPU (by slot index): `FLUSHING_CACHED_CHARGE`, set by a drain that takes the CPU
+    /// on, cleared by the drain work once it has drained the stock.
     flushing: Vec<AtomicBool>,
     percpu_charge_mutex: Mutex<()>,
     /// The managed CPUs that the skip-isolated strategy leaves alone.
@@ -267,14 +314,19 @@ impl Shared {
         }
     }
 
-    /// `drain_local_stock()`: the work item, run for `ctx.cpu()` wherever it runs.
+    /// `drain_local_memcg_stock()`: the work item, run for `ctx.cpu()` wherever it runs.
     fn drain_local_stock(&self, ctx: &WorkCtx) {
         let Ok(mut stock) = self.stock.lock_work(ctx) else {
             return; // a remote run past its drain's deadline: the drain reports it
         };
         stock.counters.drained(ctx);
-        self.drain_stock_fully(ctx.cpu(), &mut stock);
-        self.flushing[self.skips.idx(ctx.cpu())].store(false, Ordering::Release);
+        self.drain_and_clear(ctx.cpu(), &mut stock);
+    }
+
+    /// Drains `cpu`'s stock and clears its FLUSHING bit, under its lock (`stock`).
+    fn drain_and_clear(&self, cpu: usize, stock: &mut Stock) {
+        self.drain_stock_fully(cpu, stock);
+        self.flushing[self.skips.idx(cpu)].store(false, Ordering::Release);
     }
 
     /// `consume_stock()`.
@@ -365,7 +417,7 @@ impl Shared {
 ///     assert_eq!(memcg.try_charge(3, 1)?, Charge::Stock);
 /// }
 /// assert_eq!((memcg.usage(3), memcg.stocked(3)), (64, 62));
-/// memcg.drain_all_stock(0)?;
+/// memcg.drain_all_stock(0)?; // remote mode: drained by the time it returns
 /// assert_eq!((memcg.usage(3), memcg.stocked(3)), (2, 0));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -425,6 +477,7 @@ impl Memcg {
             slots: config.stock_slots,
             batch: config.charge_batch,
             strategy: config.strategy,
+            wait: config.wait,
             counters: config
                 .limits
                 .iter()
@@ -477,7 +530,9 @@ impl Memcg {
         &self.shared.isolated
     }
 
-    /// `try_charge_memcg()`: charges `nr_pages` to `memcg` for a task of the calling CPU.
+    /// `try_charge_memcg()`: charges `nr_pages` to `memcg` for a task of the calling CPU. Over a
+    /// limit, it drains the stocks of the memcg over its limit once and retries; with the
+    /// asynchronous drain, the retry may come before the queued drains have run.
     pub fn try_charge(&self, memcg: MemcgId, nr_pages: u64) -> Result<Charge, WorkloadError> {
         self.check_memcg(memcg)?;
         Ok(self.try_charge_inner(memcg, nr_pages)?)
@@ -534,10 +589,14 @@ impl Memcg {
         Ok(self.shared.refill_stock(memcg, nr_pages)?)
     }
 
-    /// `drain_all_stock(root)`: drains every CPU whose stock caches a descendant of `root`;
-    /// returns at once ([`DrainOutcome::skipped`]) when another drain is running. The caller's
-    /// own CPU, if it has one, is drained directly and counted in none of the outcome's CPU
-    /// counts.
+    /// `drain_all_stock(root)`: drains every CPU whose stock caches a descendant of `root` and
+    /// whose FLUSHING bit is clear; returns at once ([`DrainOutcome::skipped`]) when another
+    /// drain is running. The caller's own CPU, if it has one, is drained directly and then
+    /// counted in none of the outcome's CPU counts. With [`StockDrainWait::Async`] (the
+    /// kernel's) the queued drains run later, when their workers do ([`flush_stock_work`]
+    /// waits for them); with [`StockDrainWait::Flush`] they have run when this returns.
+    ///
+    /// [`flush_stock_work`]: Self::flush_stock_work
     pub fn drain_all_stock(&self, root: MemcgId) -> Result<DrainOutcome, WorkloadError> {
         self.check_memcg(root)?;
         Ok(self.drain_all_stock_inner(root, false, None))
@@ -556,6 +615,7 @@ impl Memcg {
         force: bool,
         timeout: Option<Duration>,
     ) -> DrainOutcome {
+        let start = Instant::now();
         let shared = &*self.shared;
         // If someone's already draining, leave it to them (a forced drain waits instead).
         let _serialised = if force {
@@ -567,52 +627,124 @@ impl Memcg {
                 Err(_) => return DrainOutcome::whole_drain_skipped(),
             }
         };
+        // The caller's own CPU, if it has one (the kernel's smp_processor_id()).
+        let curcpu = shared
+            .stock
+            .lock_local()
+            .ok()
+            .map(|stock| PerCpuGuard::cpu(&stock));
 
-        // The caller's own CPU directly (drain_local_stock), if it has one.
-        let curcpu = match shared.stock.lock_local() {
-            Ok(mut stock) => {
-                let cpu = PerCpuGuard::cpu(&stock);
-                shared.drain_stock_fully(cpu, &mut stock);
-                Some(cpu)
+        let mut pass = DrainPass::new();
+        for &cpu in shared.skips.cpus() {
+            let idx = shared.skips.idx(cpu);
+            let flushing = &shared.flushing[idx];
+            // Mainline leaves isolated CPUs alone, and their pages charged, except the caller's
+            // own (drained directly): a bit set on such a CPU is never cleared by a work.
+            let skips_isolated = shared.strategy == StockDrainStrategy::SkipIsolated
+                && shared.isolated.contains(cpu);
+            let left_alone = skips_isolated && Some(cpu) != curcpu;
+            // Does this CPU cache pages of a descendant of root? (a racy peek)
+            let peek = || shared.stocked_under(idx, root);
+            if force {
+                // Ours: every CPU the strategy allows, whatever its bit and its stock say.
+                if left_alone {
+                    shared.skips.skip(cpu, peek());
+                    pass.skip();
+                    continue;
+                }
+                flushing.store(true, Ordering::Release);
+            } else {
+                // Is a drain of this CPU on its way already (test_bit)? Then trust it. On an
+                // isolated CPU nothing is on its way: the bit is stale, the pages stranded.
+                // (Tested before the peek, as the kernel does: a drain that finds the bit
+                // clear after the work cleared it also finds the stock the work emptied.)
+                if flushing.load(Ordering::Acquire) {
+                    shared
+                        .skips
+                        .skip(cpu, if skips_isolated { peek() } else { 0 });
+                    pass.skip();
+                    if !skips_isolated {
+                        pass.flush_too(&self.work, cpu);
+                    }
+                    continue;
+                }
+                if peek() == 0 {
+                    shared.skips.skip(cpu, 0);
+                    pass.skip();
+                    continue;
+                }
+                // Take the CPU on (test_and_set_bit), unless another drain just did.
+                if flushing.swap(true, Ordering::AcqRel) {
+                    shared.skips.skip(cpu, 0);
+                    pass.skip();
+                    pass.flush_too(&self.work, cpu);
+                    continue;
+                }
             }
-            Err(_) => None,
-        };
-
-        let report = drain_cpus(
-            &self.work,
-            |cpu| {
-                if Some(cpu) == curcpu {
-                    return false;
+            if Some(cpu) == curcpu {
+                // The caller's own stock, directly (drain_local_memcg_stock).
+                if let Ok(mut stock) = shared.stock.lock_local() {
+                    shared.drain_and_clear(cpu, &mut stock);
                 }
-                let idx = shared.skips.idx(cpu);
-                // Does this CPU cache pages of a descendant of root? (a racy peek)
-                let pages = shared.stocked_under(idx, root);
-                if pages == 0 && !force {
-                    shared.skips.skip(cpu, 0);
-                    return false;
-                }
-                // Mainline leaves isolated CPUs alone, and their pages charged.
-                if shared.strategy == StockDrainStrategy::SkipIsolated
-                    && shared.isolated.contains(cpu)
-                {
-                    shared.skips.skip(cpu, pages);
-                    return false;
-                }
-                // Is a drain of this CPU already on its way (FLUSHING_CACHED_CHARGE)?
-                if shared.flushing[idx].swap(true, Ordering::AcqRel) && !force {
-                    shared.skips.skip(cpu, 0);
-                    return false;
-                }
-                true
-            },
-            timeout,
-        );
-        let mut outcome = DrainOutcome::from_report(report);
-        if curcpu.is_some() {
-            // Drained directly, not left alone.
-            outcome.skipped_cpus -= 1;
+            } else if left_alone {
+                // The bit stays set with no work on its way: stale.
+                shared.skips.skip(cpu, peek());
+                pass.skip();
+            } else {
+                pass.queue(&self.work, cpu);
+            }
         }
-        outcome
+        if force || shared.wait == StockDrainWait::Flush {
+            pass.flush(start, timeout)
+        } else {
+            pass.leave_queued()
+        }
+    }
+
+    /// `drain_local_memcg_stock()` on the calling thread's CPU: drains its stock and clears its
+    /// FLUSHING bit, as the drain work does when it runs there. The only way, short of a forced
+    /// drain, to clear a stale bit that [`StockDrainStrategy::SkipIsolated`] left on an isolated
+    /// CPU. Fails when the thread has no CPU of the instance.
+    pub fn drain_local_stock(&self) -> Result<()> {
+        let mut stock = self.shared.stock.lock_local()?;
+        let cpu = PerCpuGuard::cpu(&stock);
+        self.shared.drain_and_clear(cpu, &mut stock);
+        Ok(())
+    }
+
+    /// Waits for every drain work queued so far to finish (`flush_work(&stock->work)` on every
+    /// CPU): what [`StockDrainWait::Flush`] does after queuing. Reports the first panic of a
+    /// drain work, if any.
+    pub fn flush_stock_work(&self) -> Result<()> {
+        let mut first = Ok(());
+        for &cpu in self.shared.skips.cpus() {
+            let flushed = self.work.flush(cpu);
+            if first.is_ok() {
+                first = flushed;
+            }
+        }
+        first
+    }
+
+    /// The CPUs whose FLUSHING bit is set: a drain of them is queued and has not run yet, or,
+    /// on a CPU [`StockDrainStrategy::SkipIsolated`] leaves alone, the bit is stale.
+    pub fn flushing_cpus(&self) -> CpuSet {
+        let shared = &*self.shared;
+        let mut set = CpuSet::new();
+        for (&cpu, flushing) in shared.skips.cpus().iter().zip(&shared.flushing) {
+            if flushing.load(Ordering::Acquire) {
+                set.insert(cpu);
+            }
+        }
+        set
+    }
+
+    /// Takes the calling thread's CPU's stock lock and keeps it until the guard is dropped, as
+    /// a task interrupted inside `consume_stock()` holds it: meanwhile, on this CPU,
+    /// `consume_stock` fails and `refill_stock` uncharges directly, and a drain of this CPU
+    /// waits. Fails when the thread has no CPU of the instance.
+    pub fn hold_local_stock(&self) -> Result<CpuLockHeld<'_>> {
+        Ok(CpuLockHeld::new(self.shared.stock.lock_local()?))
     }
 
     /// The page counter of `memcg` (its usage, pages), or 0 for an unknown memcg.
@@ -690,8 +822,9 @@ impl Workload for Memcg {
         Ok(())
     }
 
-    /// `drain_all_stock(root_mem_cgroup)`; forced, it waits for a running drain instead of
-    /// returning, and drains every CPU.
+    /// `drain_all_stock(root_mem_cgroup)`, waiting or not as [`MemcgConfig::wait`] says; forced
+    /// (ours), it waits for a running drain instead of returning, ignores the FLUSHING bits,
+    /// drains every CPU the strategy allows, and flushes whatever `wait` says.
     fn drain(&self, force: bool, timeout: Option<Duration>) -> DrainOutcome {
         self.drain_all_stock_inner(0, force, timeout)
     }
@@ -785,6 +918,7 @@ mod tests {
             parents: vec![None, Some(0), Some(0), Some(1)],
             limits: vec![UNLIMITED, UNLIMITED, 100, UNLIMITED],
             strategy: StockDrainStrategy::PerCpuWork,
+            wait: StockDrainWait::Async,
         }
     }
 

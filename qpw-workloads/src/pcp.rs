@@ -36,6 +36,11 @@
 //! Every page is in exactly one place: its zone's free list, its zone's list on one CPU, a task
 //! of `process_op`, or a caller of [`Pcp::rmqueue_pcplist`] (those are only counted); and every
 //! list's published count is its length.
+//!
+//! Which pages the callers hold is known exactly (a bit per page), so a second free of the same
+//! page, or a free of one that was never handed out, is refused with
+//! [`WorkloadError::NotAllocated`] before it touches a list (the kernel reports such a page as
+//! "Bad page state", or not at all).
 
 use std::time::Duration;
 
@@ -44,8 +49,8 @@ use qpw_core::{PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
 pub use crate::DrainInProgress;
 use crate::{
-    conservation_verdict, drain_used_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters,
-    SkipCounters, Workload, WorkloadError,
+    conservation_verdict, drain_used_cpus, lock, AllocMap, CpuCounters, DrainOutcome,
+    OwnerCounters, SkipCounters, Workload, WorkloadError,
 };
 
 /// `pcp->batch` on zones over about 1 GB (`zone_batchsize()`).
@@ -112,7 +117,7 @@ struct Shared {
     drain_zone: AtomicUsize,
     /// Pages handed out by [`Pcp::rmqueue_pcplist`] and not yet freed: the callers hold them,
     /// outside the workload's sight.
-    outstanding: AtomicUsize,
+    allocated: AllocMap,
     skips: SkipCounters,
 }
 
@@ -228,7 +233,7 @@ impl Pcp {
                 .collect(),
             pcpu_drain_mutex: Mutex::new(()),
             drain_zone: AtomicUsize::new(ALL_ZONES),
-            outstanding: AtomicUsize::new(0),
+            allocated: AllocMap::new(zones * per_zone),
             skips: SkipCounters::new(qpw.cpus()),
             config,
         });
@@ -247,8 +252,8 @@ impl Pcp {
         self.check_zone(zone)?;
         let mut pcp = self.shared.pcp.lock_local()?;
         let page = self.rmqueue_locked(&mut pcp, zone);
-        if page.is_some() {
-            self.shared.outstanding.fetch_add(1, Ordering::Relaxed);
+        if let Some(page) = page {
+            self.shared.allocated.hand_out(page as usize);
         }
         Ok(page)
     }
@@ -270,13 +275,26 @@ impl Pcp {
     }
 
     /// `free_unref_page()`: puts `page` on the calling CPU's list of its zone, returning a
-    /// batch to the zone once the list reaches `high`.
+    /// batch to the zone once the list reaches `high`. A page that is not allocated (freed
+    /// already, or never handed out) is refused with [`WorkloadError::NotAllocated`] and
+    /// changes nothing.
     pub fn free_unref_page(&self, page: Page) -> Result<(), WorkloadError> {
-        let zone = self.shared.zone_of(page);
-        self.check_zone(zone)?;
+        let config = &self.shared.config;
+        WorkloadError::check(
+            "page",
+            page as usize,
+            0,
+            config.zones * config.pages_per_zone - 1,
+        )?;
         let mut pcp = self.shared.pcp.lock_local()?;
+        if !self.shared.allocated.take_back(page as usize) {
+            return Err(WorkloadError::NotAllocated {
+                kind: "page",
+                id: page.into(),
+                alloc: "rmqueue_pcplist",
+            });
+        }
         self.free_locked(&mut pcp, page);
-        self.shared.outstanding.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -426,7 +444,7 @@ impl Workload for Pcp {
         }
         // The pages the callers of rmqueue_pcplist hold are the ones the workload cannot see.
         let unseen = place.iter().filter(|p| p.is_none()).count();
-        let outstanding = shared.outstanding.load(Ordering::Relaxed);
+        let outstanding = shared.allocated.count();
         if unseen != outstanding {
             problems.push(format!(
                 "{unseen} of {total} pages are nowhere, but callers hold {outstanding}"

@@ -41,6 +41,12 @@
 //! sheaf, a sheaf waiting for RCU, a task of `process_op`, or a caller of
 //! [`Slub::kmem_cache_alloc`] (those are only counted). Sheaves in the barn's full list are full, those in
 //! its empty list empty, and no sheaf holds more than its capacity.
+//!
+//! Which objects the callers hold is known exactly (a bit per object), so a second free of the
+//! same object, or a free of one that was never handed out, is refused with
+//! [`WorkloadError::NotAllocated`] before it touches a sheaf. The kernel catches some of these
+//! (`CONFIG_SLUB_DEBUG`'s "double free detected", the freelist's check of an object freed twice
+//! in a row) and corrupts its lists on the others; here a bad free is always an error.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -49,8 +55,8 @@ use qpw_core::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering};
 use qpw_core::{PerCpu, PerCpuGuard, PerCpuWork, Qpw, Result, WorkCtx};
 
 use crate::{
-    conservation_verdict, drain_used_cpus, lock, CpuCounters, DrainOutcome, OwnerCounters,
-    SkipCounters, Workload, WorkloadError,
+    conservation_verdict, drain_used_cpus, lock, AllocMap, CpuCounters, DrainOutcome,
+    OwnerCounters, SkipCounters, Workload, WorkloadError,
 };
 
 /// `PCS_BATCH_MAX` (`mm/slub.c`): objects `sheaf_flush_main()` frees per hold of the lock.
@@ -139,7 +145,7 @@ struct Shared {
     flush_chunks: AtomicU64,
     /// Objects handed out by [`Slub::kmem_cache_alloc`] and not yet freed: the callers hold
     /// them, outside the workload's sight.
-    outstanding: AtomicUsize,
+    allocated: AllocMap,
     /// Per CPU (by slot index): the physical CPU the last `flush_rcu_sheaf` run for it ran on
     /// (`usize::MAX`: unknown or none yet).
     rcu_flush_ran_on: Vec<AtomicUsize>,
@@ -317,7 +323,7 @@ impl Slub {
             rcu_pending: Mutex::new(Vec::new()),
             flush_lock: Mutex::new(()),
             flush_chunks: AtomicU64::new(0),
-            outstanding: AtomicUsize::new(0),
+            allocated: AllocMap::new(config.objects),
             rcu_flush_ran_on: (0..nr_cpus).map(|_| AtomicUsize::new(usize::MAX)).collect(),
             skips: SkipCounters::new(qpw.cpus()),
         });
@@ -338,8 +344,8 @@ impl Slub {
     pub fn kmem_cache_alloc(&self) -> Result<Option<Object>> {
         let mut pcs = self.shared.pcs.lock_local()?;
         let object = self.alloc_locked(&mut pcs);
-        if object.is_some() {
-            self.shared.outstanding.fetch_add(1, Ordering::Relaxed);
+        if let Some(object) = object {
+            self.shared.allocated.hand_out(object as usize);
         }
         Ok(object)
     }
@@ -377,14 +383,16 @@ impl Slub {
     }
 
     /// `kmem_cache_free()` through `free_to_pcs()`: pushes `object` to the calling CPU's main
-    /// sheaf, after making room when it is full.
+    /// sheaf, after making room when it is full. An object that is not allocated (freed
+    /// already, or never handed out) is refused with [`WorkloadError::NotAllocated`] and
+    /// changes nothing.
     pub fn kmem_cache_free(&self, object: Object) -> Result<(), WorkloadError> {
         self.take_back(object, Self::free_locked)
     }
 
     /// Takes `object` back from a caller of [`kmem_cache_alloc`](Self::kmem_cache_alloc):
-    /// refuses an object the cache does not have, otherwise hands it to `free` (one of the
-    /// free paths) under the calling CPU's lock.
+    /// refuses an object the cache does not have or that no caller holds (a double free),
+    /// otherwise hands it to `free` (one of the free paths) under the calling CPU's lock.
     fn take_back(
         &self,
         object: Object,
@@ -392,8 +400,14 @@ impl Slub {
     ) -> Result<(), WorkloadError> {
         WorkloadError::check("object", object as usize, 0, self.shared.objects - 1)?;
         let mut pcs = self.shared.pcs.lock_local()?;
+        if !self.shared.allocated.take_back(object as usize) {
+            return Err(WorkloadError::NotAllocated {
+                kind: "object",
+                id: object.into(),
+                alloc: "kmem_cache_alloc",
+            });
+        }
         free(self, &mut pcs, object);
-        self.shared.outstanding.fetch_sub(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -623,7 +637,7 @@ impl Workload for Slub {
         put(&lock(&shared.slabs), "the slabs", &mut problems);
         // The objects the callers of kmem_cache_alloc hold are the ones the workload cannot see.
         let unseen = place.iter().filter(|p| p.is_none()).count();
-        let outstanding = shared.outstanding.load(Ordering::Relaxed);
+        let outstanding = shared.allocated.count();
         if unseen != outstanding {
             problems.push(format!(
                 "{unseen} of {} objects are nowhere, but callers hold {outstanding}",
@@ -669,6 +683,65 @@ mod tests {
         assert_eq!(slub.sheaf_lens(), [(0, 0, 0)]);
         assert_eq!(slub.slab_free(), 60);
         slub.check_conservation().unwrap();
+    }
+
+    /// `sheaf_flush_main()` releases the CPU's lock between chunks of `PCS_BATCH_MAX`: with the
+    /// flush stopped after its first chunk (it waits for the slabs' lock, which this test
+    /// holds), a thread of the CPU takes the CPU's lock and frees an object into the sheaf
+    /// being flushed; the flush then goes on, and takes that object too. In both modes: the
+    /// flush runs in the requester (remote) or on the CPU's worker (queue).
+    #[test]
+    fn another_thread_takes_the_lock_between_two_chunks_of_one_flush() {
+        for policy in [qpw_core::Policy::Remote, qpw_core::Policy::Queue] {
+            let qpw = qpw_core::Qpw::builder()
+                .cpus(qpw_core::CpuSpec::Logical(2))
+                .policy(policy.clone())
+                .build()
+                .unwrap();
+            let slub = Slub::new(
+                &qpw,
+                SlubConfig {
+                    sheaf_capacity: 3 * PCS_BATCH_MAX,
+                    batch_max: PCS_BATCH_MAX,
+                    objects: 1024,
+                },
+            )
+            .unwrap();
+            let kept = {
+                let _bound = qpw.bind_current(1).unwrap();
+                let objects: Vec<Object> = (0..3 * PCS_BATCH_MAX)
+                    .map(|_| slub.kmem_cache_alloc().unwrap().unwrap())
+                    .collect();
+                for &object in &objects[1..] {
+                    slub.kmem_cache_free(object).unwrap();
+                }
+                objects[0]
+            };
+            assert_eq!(slub.sheaf_lens()[1], (1, 3 * PCS_BATCH_MAX - 1, 0));
+            std::thread::scope(|s| {
+                let slabs = lock(&slub.shared.slabs);
+                let flusher = s.spawn(|| slub.flush_all());
+                // Wait for the first chunk: taken under the CPU's lock, then the flush waits
+                // for the slabs.
+                while slub.flush_chunks() < 1 {
+                    std::thread::yield_now();
+                }
+                let _bound = qpw.bind_current(1).unwrap();
+                {
+                    let pcs = slub.shared.pcs.try_lock(1).unwrap();
+                    let pcs = pcs.expect("the flush kept the CPU's lock between chunks");
+                    assert_eq!(pcs.main.len(), 2 * PCS_BATCH_MAX - 1, "{policy:?}");
+                }
+                slub.kmem_cache_free(kept).unwrap();
+                drop(slabs);
+                let outcome = flusher.join().unwrap();
+                assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+            });
+            assert_eq!(slub.flush_chunks(), 3, "{policy:?}");
+            assert_eq!(slub.sheaf_lens()[1], (1, 0, 0), "{policy:?}");
+            assert_eq!(slub.slab_free(), 1024);
+            slub.check_conservation().unwrap();
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Loom models of the LRU drain, the memcg stock drain, the SLUB flush and the pcp drain. Run
+//! Loom models of the LRU drain, the memcg stock drain (synchronous in remote mode, asynchronous
+//! with its FLUSHING bit in queue mode), the SLUB flush and the pcp drain. Run
 //! with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p qpw-workloads loom_`.
 //!
@@ -16,7 +17,7 @@ use loom::thread;
 
 use qpw_core::{CpuSpec, Policy, Qpw};
 use qpw_workloads::lru::{Lru, LruConfig};
-use qpw_workloads::memcg::{Memcg, MemcgConfig, StockDrainStrategy, UNLIMITED};
+use qpw_workloads::memcg::{Memcg, MemcgConfig, StockDrainStrategy, StockDrainWait, UNLIMITED};
 use qpw_workloads::pcp::{Pcp, PcpConfig};
 use qpw_workloads::slub::{Slub, SlubConfig};
 use qpw_workloads::Workload;
@@ -33,7 +34,21 @@ fn instance(policy: Policy) -> Arc<Qpw> {
 
 /// Batches of 2 instead of 31: the drain logic does not depend on the size.
 fn tiny_lru(qpw: &Qpw) -> Arc<Lru> {
-    Arc::new(Lru::new(qpw, LruConfig { batch_size: 2 }).expect("build the LRU"))
+    let config = LruConfig {
+        batch_size: 2,
+        ..LruConfig::default()
+    };
+    Arc::new(Lru::new(qpw, config).expect("build the LRU"))
+}
+
+/// Runs an LRU model with room for more branches per execution than loom's default 1000: an
+/// LRU drain reads three hints per CPU and takes three locks per CPU (the two batch locks and
+/// the buffer-head LRU's), and each remote-mode CPU brings the worker of the buffer-head
+/// invalidation. No spinning is involved: every wait in qpw-core blocks.
+fn lru_model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.max_branches = 20_000;
+    builder.check(f);
 }
 
 /// Two slots of at most 2 pages instead of 7 of 64, over root -> {1, 2}: the stock and drain
@@ -45,6 +60,7 @@ fn tiny_memcg(qpw: &Qpw) -> Arc<Memcg> {
         parents: vec![None, Some(0), Some(0)],
         limits: vec![UNLIMITED; 3],
         strategy: StockDrainStrategy::PerCpuWork,
+        wait: StockDrainWait::Async,
     };
     Arc::new(Memcg::new(qpw, config).expect("build the memcg tree"))
 }
@@ -55,8 +71,20 @@ fn tiny_memcg(qpw: &Qpw) -> Arc<Memcg> {
 /// call.
 #[test]
 fn loom_lru_generation_skip_never_loses_a_folio() {
-    loom::model(|| {
-        let qpw = instance(Policy::Remote);
+    generation_skip(Policy::Remote);
+}
+
+/// The same with cpu 0 in queue mode: a drain that skips on the generation relies on the drain
+/// that bumped it having *flushed* its queued work, which it does before it lets go of the
+/// drain mutex.
+#[test]
+fn loom_lru_generation_skip_waits_for_the_queued_work() {
+    generation_skip(Policy::RemoteOn("1".parse().unwrap()));
+}
+
+fn generation_skip(policy: Policy) {
+    lru_model(move || {
+        let qpw = instance(policy.clone());
         let lru = tiny_lru(&qpw);
         let add_then_drain = {
             let (qpw, lru) = (qpw.clone(), lru.clone());
@@ -92,7 +120,7 @@ fn loom_lru_generation_skip_never_loses_a_folio() {
 /// and at the end every folio is in exactly one place.
 #[test]
 fn loom_lru_queued_drain_against_the_owner() {
-    loom::model(|| {
+    lru_model(|| {
         let qpw = instance(Policy::RemoteOn("1".parse().unwrap()));
         let lru = tiny_lru(&qpw);
         let owner = {
@@ -170,9 +198,77 @@ fn loom_memcg_concurrent_drains_and_queued_work() {
         owner.join().unwrap();
         assert!(mine.errors.is_empty() && theirs.errors.is_empty());
 
+        // The drains do not wait for cpu 0's worker: wait for it before counting.
+        memcg.flush_stock_work().unwrap();
         memcg.check_conservation().unwrap();
         assert_eq!(memcg.held(2), 1);
         assert!(memcg.usage(2) >= 1 && memcg.usage(2) <= 2);
+    });
+}
+
+/// Two requesters drain asynchronously (the kernel's `drain_all_stock`: queue, do not flush) a
+/// queue-mode CPU whose stock holds a page; its worker runs the drain whenever it gets to.
+/// Whichever way they interleave with each other and with the worker (one loses the mutex,
+/// or finds the FLUSHING bit set, or finds the stock already drained), the CPU's drain work
+/// runs exactly once, the page stocked before both calls is uncharged once it has, and no
+/// FLUSHING bit is left behind.
+#[test]
+fn loom_memcg_async_drains_coalesce_on_the_flushing_bit() {
+    loom::model(|| {
+        let qpw = instance(Policy::RemoteOn("1".parse().unwrap()));
+        let memcg = tiny_memcg(&qpw);
+        {
+            let _bound = qpw.bind_current(0).unwrap();
+            memcg.try_charge(1, 1).unwrap(); // 2 charged, 1 stocked on cpu 0
+        }
+        let rival = {
+            let memcg = memcg.clone();
+            thread::spawn(move || memcg.drain_all_stock(0).unwrap())
+        };
+        let mine = memcg.drain_all_stock(0).unwrap();
+        let theirs = rival.join().unwrap();
+        assert!(mine.errors.is_empty() && theirs.errors.is_empty());
+        assert_eq!(mine.queued + theirs.queued, 1);
+
+        memcg.flush_stock_work().unwrap();
+        assert!(memcg.flushing_cpus().is_empty());
+        assert_eq!(memcg.counters()[0].drains_queued, 1);
+        assert_eq!((memcg.usage(1), memcg.stocked(1), memcg.held(1)), (1, 0, 1));
+        memcg.check_conservation().unwrap();
+    });
+}
+
+/// The owner of a queue-mode CPU refills its stock while an asynchronous drain takes the CPU
+/// on and its worker drains it: the worker clears the FLUSHING bit under the stock lock, so a
+/// refill after the drain is never hidden behind a stale bit. Once the queued work has run, a
+/// new drain (flushed) reaches the CPU and empties every stock.
+#[test]
+fn loom_memcg_async_drain_against_the_owner() {
+    loom::model(|| {
+        let qpw = instance(Policy::RemoteOn("1".parse().unwrap()));
+        let memcg = tiny_memcg(&qpw);
+        {
+            let _bound = qpw.bind_current(0).unwrap();
+            memcg.try_charge(1, 1).unwrap();
+        }
+        let owner = {
+            let (qpw, memcg) = (qpw.clone(), memcg.clone());
+            thread::spawn(move || {
+                let _bound = qpw.bind_current(0).unwrap();
+                memcg.uncharge(1, 1).unwrap(); // back into the stock
+            })
+        };
+        let outcome = memcg.drain_all_stock(0).unwrap();
+        assert!(outcome.errors.is_empty());
+        owner.join().unwrap();
+        memcg.flush_stock_work().unwrap();
+        assert!(memcg.flushing_cpus().is_empty());
+        memcg.check_conservation().unwrap();
+
+        memcg.drain_all_stock(0).unwrap();
+        memcg.flush_stock_work().unwrap();
+        assert_eq!((memcg.usage(1), memcg.stocked(1), memcg.held(1)), (0, 0, 0));
+        memcg.check_conservation().unwrap();
     });
 }
 

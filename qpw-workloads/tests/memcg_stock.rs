@@ -7,12 +7,14 @@ mod common;
 mod mm_common;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use common::{mixed, remote};
 use proptest::prelude::*;
-use qpw_core::{CpuSpec, Policy, Qpw};
+use qpw_core::Qpw;
 use qpw_workloads::memcg::{
-    Charge, Memcg, MemcgConfig, StockDrainStrategy, MEMCG_CHARGE_BATCH, NR_MEMCG_STOCK, UNLIMITED,
+    Charge, Memcg, MemcgConfig, StockDrainStrategy, StockDrainWait, MEMCG_CHARGE_BATCH,
+    NR_MEMCG_STOCK, UNLIMITED,
 };
 use qpw_workloads::{Workload, WorkloadError};
 
@@ -30,6 +32,7 @@ fn small(strategy: StockDrainStrategy) -> MemcgConfig {
 fn smoke() {
     let qpw = mixed();
     let memcg = Memcg::new(&qpw, MemcgConfig::default()).unwrap();
+    assert_eq!((NR_MEMCG_STOCK, MEMCG_CHARGE_BATCH), (7, 64));
     assert_eq!(memcg.nr_memcgs(), 13);
     assert_eq!(memcg.leaves().len(), 10);
     for cpu in 0..2 {
@@ -45,7 +48,11 @@ fn smoke() {
 
     let outcome = memcg.drain_all_stock(0).unwrap();
     assert_eq!((outcome.queued, outcome.ran_remote), (1, 1));
+    // Asynchronous: cpu 1's stock was drained here, remotely; cpu 0's when its worker runs.
+    assert_eq!(memcg.stocked_per_cpu()[1], (1, 0));
+    memcg.flush_stock_work().unwrap();
     assert_eq!((memcg.usage(3), memcg.stocked(3), memcg.held(3)), (4, 0, 4));
+    assert!(memcg.flushing_cpus().is_empty());
     memcg.check_conservation().unwrap();
 }
 
@@ -88,6 +95,23 @@ fn drain_all_stock_only_visits_cpus_caching_a_descendant() {
 }
 
 #[test]
+fn the_callers_own_stock_is_drained_directly() {
+    let qpw = mixed();
+    let memcg = Memcg::new(&qpw, MemcgConfig::default()).unwrap();
+    let _bound = qpw.bind_current(0).unwrap(); // a queue-mode CPU
+    memcg.try_charge(3, 1).unwrap();
+    let outcome = memcg.drain_all_stock(0).unwrap();
+    // Not queued to cpu 0's worker: drained here, before the (asynchronous) drain returned.
+    assert_eq!(
+        (outcome.queued, outcome.ran_remote, outcome.skipped_cpus),
+        (0, 0, 1)
+    );
+    assert_eq!(memcg.stocked_per_cpu(), [(0, 0), (1, 0)]);
+    assert!(memcg.flushing_cpus().is_empty());
+    assert_eq!(memcg.counters()[0].drains_queued, 0);
+}
+
+#[test]
 fn drain_all_stock_returns_at_once_while_another_drain_runs() {
     let qpw = mixed();
     let memcg = Memcg::new(&qpw, MemcgConfig::default()).unwrap();
@@ -122,13 +146,7 @@ fn a_drain_from_another_thread_is_skipped_while_one_runs() {
 
 #[test]
 fn skip_isolated_strands_pages_and_reports_them() {
-    let (root, last) = mm_common::fake_sysfs("memcg-skip");
-    let qpw = Qpw::builder()
-        .cpus(CpuSpec::Allowed)
-        .policy(Policy::Isolated)
-        .sysfs_root(&root.0)
-        .build()
-        .unwrap();
+    let (qpw, _root, last) = mm_common::physical_isolated("memcg-skip");
     let memcg = Memcg::new(&qpw, small(StockDrainStrategy::SkipIsolated)).unwrap();
     assert_eq!(memcg.isolated_cpus().as_slice(), [last]);
     for cpu in qpw.cpus().iter() {
@@ -144,6 +162,7 @@ fn skip_isolated_strands_pages_and_reports_them() {
     let _requester = qpw.bind_current(housekeeping).unwrap();
     let outcome = memcg.drain_all_stock(0).unwrap();
     assert!(!outcome.skipped);
+    memcg.flush_stock_work().unwrap();
     // The isolated CPU was left alone with its 62 pages charged.
     assert_eq!(memcg.stocked(3), MEMCG_CHARGE_BATCH - 2);
     let counters = memcg.counters();
@@ -154,7 +173,7 @@ fn skip_isolated_strands_pages_and_reports_them() {
     for other in counters.iter().filter(|c| c.cpu != last) {
         assert_eq!(other.stranded, 0);
     }
-    // Again: stranded again, and counted again.
+    // Again: stranded again (its FLUSHING bit is still set), and counted again.
     memcg.drain_all_stock(0).unwrap();
     let isolated = memcg
         .counters()
@@ -175,6 +194,162 @@ fn skip_isolated_strands_pages_and_reports_them() {
     let outcome = memcg.drain_all_stock(0).unwrap();
     assert_eq!(outcome.ran_remote, 1);
     assert_eq!(memcg.stocked(3), 0);
+}
+
+/// Runs `body` while a thread of `cpu` holds that CPU's stock lock, as a task preempted (or
+/// interrupted) inside `consume_stock` would: the CPU's drain work cannot run meanwhile. The
+/// thread lets go when `body` returns, or panics.
+fn with_stock_held<R>(qpw: &Qpw, memcg: &Memcg, cpu: usize, body: impl FnOnce() -> R) -> R {
+    std::thread::scope(|s| {
+        let (held_tx, held_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        s.spawn(move || {
+            let _bound = qpw.bind_current(cpu).unwrap();
+            let _held = memcg.hold_local_stock().unwrap();
+            held_tx.send(()).unwrap();
+            // Until `body` returns (or its thread unwinds and drops the sender).
+            let _ = release_rx.recv();
+        });
+        held_rx.recv().unwrap();
+        let result = body();
+        drop(release_tx);
+        result
+    })
+}
+
+#[test]
+fn drain_all_stock_does_not_wait_for_the_work_it_queues() {
+    let qpw = mixed();
+    let memcg = Memcg::new(&qpw, MemcgConfig::default()).unwrap();
+    {
+        let _bound = qpw.bind_current(0).unwrap();
+        memcg.try_charge(3, 1).unwrap(); // 63 pages stocked on cpu 0, a queue-mode CPU
+    }
+    with_stock_held(&qpw, &memcg, 0, || {
+        // cpu 0's worker cannot drain while the stock is held, and the drain returns anyway:
+        // no stall however long it would wait, the work still queued, the bit still set.
+        let outcome = memcg.drain(false, Some(Duration::from_millis(100)));
+        assert!(outcome.errors.is_empty(), "{:?}", outcome.errors);
+        assert_eq!((outcome.queued, outcome.skipped_cpus), (1, 1));
+        assert_eq!(memcg.usage(3), MEMCG_CHARGE_BATCH);
+        assert_eq!(memcg.flushing_cpus().as_slice(), [0]);
+        // A second drain trusts the queued one: it skips cpu 0 (FLUSHING_CACHED_CHARGE).
+        let outcome = memcg.drain_all_stock(0).unwrap();
+        assert_eq!((outcome.queued, outcome.skipped_cpus), (0, 2));
+    });
+    memcg.flush_stock_work().unwrap();
+    assert_eq!((memcg.usage(3), memcg.stocked(3)), (1, 0));
+    assert!(memcg.flushing_cpus().is_empty());
+    let counters = memcg.counters();
+    assert_eq!(
+        (counters[0].drains_queued, counters[0].drains_skipped),
+        (1, 1)
+    );
+    memcg.check_conservation().unwrap();
+}
+
+#[test]
+fn the_flush_option_waits_for_the_queued_work() {
+    let qpw = mixed();
+    let config = MemcgConfig {
+        wait: StockDrainWait::Flush,
+        ..MemcgConfig::default()
+    };
+    let memcg = Memcg::new(&qpw, config).unwrap();
+    {
+        let _bound = qpw.bind_current(0).unwrap();
+        memcg.try_charge(3, 1).unwrap();
+    }
+    with_stock_held(&qpw, &memcg, 0, || {
+        // The worker cannot run: the drain waits for it, and gives up as a stall.
+        let outcome = memcg.drain(false, Some(Duration::from_millis(100)));
+        assert!(
+            matches!(outcome.errors[..], [qpw_core::Error::Stall { cpu: 0, .. }]),
+            "{:?}",
+            outcome.errors
+        );
+        // The next drain skips cpu 0 (its bit is set) but still waits for the queued work.
+        let outcome = memcg.drain(false, Some(Duration::from_millis(100)));
+        assert_eq!((outcome.queued, outcome.skipped_cpus), (0, 2));
+        assert!(
+            matches!(outcome.errors[..], [qpw_core::Error::Stall { cpu: 0, .. }]),
+            "{:?}",
+            outcome.errors
+        );
+    });
+    let outcome = memcg.drain_all_stock(0).unwrap();
+    assert!(outcome.errors.is_empty());
+    assert_eq!((memcg.usage(3), memcg.stocked(3)), (1, 0));
+    memcg.check_conservation().unwrap();
+}
+
+#[test]
+fn a_refill_that_cannot_take_the_lock_uncharges_directly() {
+    let qpw = remote(2);
+    let memcg = Memcg::new(&qpw, MemcgConfig::default()).unwrap();
+    let _bound = qpw.bind_current(1).unwrap();
+    memcg.try_charge(3, 1).unwrap();
+    assert_eq!((memcg.usage(3), memcg.stocked(3)), (64, 63));
+    {
+        // As an interrupt arriving while the task holds the stock: the trylocks fail.
+        let _held = memcg.hold_local_stock().unwrap();
+        // refill_stock: straight back to the page counters, the stock untouched.
+        memcg.uncharge(3, 1).unwrap();
+        assert_eq!(memcg.usage(3), 63);
+        // consume_stock fails although the stock has pages: a batch from the counters, whose
+        // surplus cannot go into the stock either.
+        assert_eq!(memcg.try_charge(3, 1).unwrap(), Charge::Counter);
+        assert_eq!(memcg.usage(3), 64);
+    }
+    assert_eq!((memcg.stocked(3), memcg.held(3)), (63, 1));
+    memcg.check_conservation().unwrap();
+}
+
+/// Needs two allowed CPUs (one housekeeping, one isolated in a fake sysfs tree).
+#[test]
+fn a_skipped_isolated_cpu_keeps_a_stale_flushing_bit() {
+    let (qpw, _root, last) = mm_common::physical_isolated("memcg-stale");
+    let Some(housekeeping) = qpw.cpus().iter().find(|&c| c != last) else {
+        eprintln!("one CPU only: no housekeeping CPU to drain from");
+        return;
+    };
+    let memcg = Memcg::new(&qpw, small(StockDrainStrategy::SkipIsolated)).unwrap();
+    let on = |cpu: usize, f: &(dyn Fn() + Sync)| {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let _bound = qpw.bind_current(cpu).unwrap();
+                f();
+            });
+        })
+    };
+    on(last, &|| {
+        memcg.try_charge(3, 2).unwrap();
+    });
+    // A housekeeping drain takes the isolated CPU on (sets its bit) and leaves it alone.
+    on(housekeeping, &|| {
+        memcg.drain_all_stock(0).unwrap();
+    });
+    assert_eq!(memcg.flushing_cpus().as_slice(), [last]);
+    assert_eq!(memcg.stocked(3), MEMCG_CHARGE_BATCH - 2);
+    // Stale: even the isolated CPU's own drain skips its stock (the bit is tested first).
+    on(last, &|| {
+        let outcome = memcg.drain_all_stock(0).unwrap();
+        assert_eq!(outcome.skipped_cpus, qpw.cpus().len());
+    });
+    assert_eq!(memcg.stocked(3), MEMCG_CHARGE_BATCH - 2);
+    assert_eq!(memcg.flushing_cpus().as_slice(), [last]);
+    // Until the CPU runs the drain work itself.
+    on(last, &|| memcg.drain_local_stock().unwrap());
+    assert!(memcg.flushing_cpus().is_empty());
+    assert_eq!(memcg.stocked(3), 0);
+    // Now its own drain drains it directly, and leaves no bit behind.
+    on(last, &|| {
+        memcg.try_charge(3, 2).unwrap();
+        memcg.drain_all_stock(0).unwrap();
+    });
+    assert_eq!(memcg.stocked(3), 0);
+    assert!(memcg.flushing_cpus().is_empty());
+    memcg.check_conservation().unwrap();
 }
 
 #[test]
@@ -239,7 +414,13 @@ proptest! {
     #[test]
     fn matches_the_sequential_model(slots in 1..4usize, ops in prop::collection::vec(op(), 1..60)) {
         let qpw = mixed();
-        let config = MemcgConfig { stock_slots: slots, ..small(StockDrainStrategy::PerCpuWork) };
+        // Synchronous drains, so that a drain (and a charge that needs one) sees the stocks
+        // empty when it returns, as the model assumes.
+        let config = MemcgConfig {
+            stock_slots: slots,
+            wait: StockDrainWait::Flush,
+            ..small(StockDrainStrategy::PerCpuWork)
+        };
         let memcg = Memcg::new(&qpw, config).unwrap();
         // Pages this test's own charges hold, and pages process_op's tasks hold, per memcg.
         let mut api: BTreeMap<usize, u64> = BTreeMap::new();

@@ -8,7 +8,7 @@ mod mm_common;
 use common::{mixed, remote};
 use proptest::prelude::*;
 use qpw_workloads::pcp::{Pcp, PcpConfig, PCP_BATCH, PCP_HIGH};
-use qpw_workloads::Workload;
+use qpw_workloads::{Workload, WorkloadError};
 
 fn small() -> PcpConfig {
     PcpConfig {
@@ -101,9 +101,38 @@ fn bad_input_is_named() {
     let pcp = Pcp::new(&qpw, small()).unwrap();
     let _bound = qpw.bind_current(0).unwrap();
     let err = pcp.free_unref_page(64).unwrap_err().to_string();
-    assert_eq!(err, "zone = 2 is out of range: the legal range is 0-1");
+    assert_eq!(err, "page = 64 is out of range: the legal range is 0-63");
     let err = pcp.drain_all_pages(Some(7)).unwrap_err().to_string();
     assert_eq!(err, "zone = 7 is out of range: the legal range is 0-1");
+}
+
+#[test]
+fn a_double_free_is_refused_and_changes_nothing() {
+    let qpw = mixed();
+    let pcp = Pcp::new(&qpw, small()).unwrap();
+    let _bound = qpw.bind_current(0).unwrap();
+    let page = pcp.rmqueue_pcplist(1).unwrap().unwrap();
+    pcp.free_unref_page(page).unwrap();
+    let before = (pcp.pcp_counts(), pcp.zone_free(1));
+    let err = pcp.free_unref_page(page).unwrap_err();
+    assert!(
+        matches!(err, WorkloadError::NotAllocated { kind: "page", id, .. } if id == u64::from(page)),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "page {page} is not allocated: a double free, or never handed out by rmqueue_pcplist"
+        )
+    );
+    assert_eq!((pcp.pcp_counts(), pcp.zone_free(1)), before);
+    pcp.check_conservation().unwrap();
+    // A page still in its zone's free list was never handed out: refused too.
+    assert!(matches!(
+        pcp.free_unref_page(0),
+        Err(WorkloadError::NotAllocated { id: 0, .. })
+    ));
+    pcp.check_conservation().unwrap();
 }
 
 #[derive(Debug, Clone)]

@@ -11,7 +11,7 @@ use common::{instance_on, mixed, remote_on};
 use proptest::prelude::*;
 use qpw_core::{CpuSpec, Mode, Policy};
 use qpw_workloads::slub::{Slub, SlubConfig, PCS_BATCH_MAX};
-use qpw_workloads::Workload;
+use qpw_workloads::{Workload, WorkloadError};
 
 #[test]
 fn smoke() {
@@ -59,6 +59,7 @@ fn flush_all_queues_only_to_cpus_with_used_sheaves() {
 
 #[test]
 fn the_main_sheaf_is_flushed_in_chunks_of_pcs_batch_max() {
+    assert_eq!(PCS_BATCH_MAX, 32);
     let qpw = mixed();
     let capacity = 3 * PCS_BATCH_MAX - 10; // 86: chunks of 32, 32 and 22
     let slub = Slub::new(
@@ -111,6 +112,39 @@ fn full_sheaves_go_to_the_barn() {
         .map(|_| slub.kmem_cache_alloc().unwrap().unwrap())
         .collect();
     assert_eq!(slub.barn_full(), 1);
+    slub.check_conservation().unwrap();
+}
+
+#[test]
+fn a_double_free_is_refused_and_changes_nothing() {
+    let qpw = mixed();
+    let slub = Slub::new(&qpw, SlubConfig::default()).unwrap();
+    let _bound = qpw.bind_current(1).unwrap();
+    let object = slub.kmem_cache_alloc().unwrap().unwrap();
+    slub.kmem_cache_free(object).unwrap();
+    let before = slub.sheaf_lens();
+    for second_free in [Slub::kmem_cache_free, Slub::kfree_rcu] {
+        let err = second_free(&slub, object).unwrap_err();
+        assert!(
+            matches!(err, WorkloadError::NotAllocated { kind: "object", id, .. } if id == u64::from(object)),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "object {object} is not allocated: a double free, or never handed out by \
+                 kmem_cache_alloc"
+            )
+        );
+    }
+    assert_eq!(slub.sheaf_lens(), before);
+    slub.check_conservation().unwrap();
+    // An object that was never handed out (still in the slabs) is refused the same way.
+    let never = (0..16384).find(|&o| o != object).unwrap();
+    assert!(matches!(
+        slub.kmem_cache_free(never),
+        Err(WorkloadError::NotAllocated { .. })
+    ));
     slub.check_conservation().unwrap();
 }
 

@@ -41,6 +41,20 @@ pub fn fake_sysfs(tag: &str) -> (FakeRoot, usize) {
     (FakeRoot(root), last)
 }
 
+/// An instance of the allowed (physical) CPUs under [`Policy::Isolated`], over a fake sysfs
+/// tree (kept alive by the returned root) whose last allowed CPU is isolated; returns that CPU
+/// too.
+pub fn physical_isolated(tag: &str) -> (Qpw, FakeRoot, usize) {
+    let (root, last) = fake_sysfs(tag);
+    let qpw = Qpw::builder()
+        .cpus(CpuSpec::Allowed)
+        .policy(Policy::Isolated)
+        .sysfs_root(&root.0)
+        .build()
+        .unwrap();
+    (qpw, root, last)
+}
+
 /// An instance of `n` logical CPUs in `policy` ("queue", "remote" or "isolated"); for
 /// "isolated", the logical CPUs on the last allowed physical CPU are remote, the others queued.
 pub fn instance(policy: &str, n: usize) -> (Qpw, Option<FakeRoot>) {
