@@ -44,10 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             g.fetch_add(*local, Ordering::Relaxed);
             *local = 0;
             let ran_on = qpw_core::current_cpu().map_or("?".to_string(), |c| c.to_string());
-            let on_worker = std::thread::current()
-                .name()
-                .is_some_and(|name| name.starts_with("qpw/"));
-            let how = match (on_worker, ctx.is_remote()) {
+            let how = match (ctx.is_queued(), ctx.is_remote()) {
                 (true, _) => "by its worker",
                 (false, true) => "remotely, in the requester",
                 (false, false) => "in the requester, which runs on that CPU",
