@@ -49,6 +49,7 @@ fn queue_mode_runs_on_the_target_cpu() {
             s.lock()
                 .unwrap()
                 .push((ctx.cpu(), qpw_core::current_cpu(), name, ctx.is_remote()));
+            assert!(ctx.is_queued());
         })
         .unwrap();
     for cpu in qpw.cpus().iter() {
@@ -72,6 +73,7 @@ fn remote_mode_runs_in_the_caller_before_queue_on_returns() {
     let r = ran.clone();
     let work = qpw
         .work(move |ctx| {
+            assert!(!ctx.is_queued(), "a remote-mode run happens in the caller");
             *r.lock().unwrap() = Some((ctx.cpu(), thread::current().id(), ctx.is_remote()));
         })
         .unwrap();

@@ -372,6 +372,7 @@ fn case10_is_remote_agrees_with_is_cpu_remote() {
     let work = qpw
         .work(move |ctx| {
             let other = q.is_cpu_remote(ctx.cpu()).unwrap();
+            assert!(!ctx.is_queued(), "both runs happen in the caller");
             s.lock().unwrap().push((ctx.is_remote(), other));
         })
         .unwrap();

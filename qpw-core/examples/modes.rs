@@ -44,10 +44,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             g.fetch_add(*local, Ordering::Relaxed);
             *local = 0;
             let ran_on = qpw_core::current_cpu().map_or("?".to_string(), |c| c.to_string());
-            let how = if ctx.is_remote() {
-                "remotely, in the requester"
-            } else {
-                "by its worker"
+            let how = match (ctx.is_queued(), ctx.is_remote()) {
+                (true, _) => "by its worker",
+                (false, true) => "remotely, in the requester",
+                (false, false) => "in the requester, which runs on that CPU",
             };
             println!("  drained cpu {} {how}, on cpu {ran_on}", ctx.cpu());
         })?;

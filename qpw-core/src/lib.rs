@@ -146,7 +146,9 @@
 //! **Threads.** [`Qpw::bind_current`] returns a [`Binding`]; a thread may hold several, and
 //! the newest alive is in force whatever order they are dropped in (so are owner claims,
 //! which bind). [`Qpw::is_cpu_remote`] and [`WorkCtx::is_remote`] give the same answer: the
-//! run happens on a thread that does not belong to the target CPU.
+//! run happens on a thread that does not belong to the target CPU (the kernel's
+//! `pw_is_cpu_remote`); [`WorkCtx::is_queued`] says instead whether the run went through the
+//! CPU's queue or happened in the caller, wherever the caller runs.
 //!
 //! **Bad input.** A `remote:<list>` policy naming a CPU outside the managed set is
 //! [`Error::PolicyCpuNotManaged`]; `is_cpu_remote` of an unmanaged CPU is

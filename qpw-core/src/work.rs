@@ -82,6 +82,7 @@ pub struct WorkCtx {
     pub(crate) instance: u64,
     cpu: usize,
     remote: bool,
+    queued: bool,
     /// The drain's (start, timeout), for a remote run under
     /// [`PerCpuWork::drain_all_timeout`]: [`PerCpu::lock_work`](crate::PerCpu::lock_work)
     /// waits for the lock until then.
@@ -91,11 +92,18 @@ pub struct WorkCtx {
 }
 
 impl WorkCtx {
-    fn new(instance: u64, cpu: usize, remote: bool, limit: Option<(Instant, Duration)>) -> Self {
+    fn new(
+        instance: u64,
+        cpu: usize,
+        queued: bool,
+        remote: bool,
+        limit: Option<(Instant, Duration)>,
+    ) -> Self {
         Self {
             instance,
             cpu,
             remote,
+            queued,
             limit,
             stalled: Cell::new(None),
         }
@@ -117,6 +125,15 @@ impl WorkCtx {
     #[inline]
     pub fn is_remote(&self) -> bool {
         self.remote
+    }
+
+    /// Whether this run was posted to the CPU's queue and is run by its worker (or, for
+    /// owner-only state, its owner), rather than run at once in the caller of `queue_on` or
+    /// `drain_all` (remote mode). Unlike [`is_remote`](Self::is_remote), it does not depend on
+    /// where the caller runs.
+    #[inline]
+    pub fn is_queued(&self) -> bool {
+        self.queued
     }
 
     /// When the run must give up waiting for a lock, if it runs under a drain's deadline.
@@ -174,7 +191,7 @@ impl WorkSlot {
     /// Returns the panic's message if it panicked and `unclaimed` says to return it (a
     /// shutdown, with no flush waiting); otherwise the panic is kept for the flushes.
     fn run_queued(&self, unclaimed: Unclaimed) -> Option<String> {
-        let ctx = WorkCtx::new(self.instance, self.cpu, false, None);
+        let ctx = WorkCtx::new(self.instance, self.cpu, true, false, None);
         let seq = {
             let mut state = lock(&self.state);
             state.pending = false;
@@ -206,7 +223,7 @@ impl WorkSlot {
     /// Runs the function now, in the caller (remote mode), catching a panic, which it returns
     /// as the call's error; as is a lock wait that gave up at the deadline.
     fn run_here(&self, remote: bool, limit: Option<(Instant, Duration)>) -> Result<()> {
-        let ctx = WorkCtx::new(self.instance, self.cpu, remote, limit);
+        let ctx = WorkCtx::new(self.instance, self.cpu, false, remote, limit);
         match catch_unwind(AssertUnwindSafe(|| (self.func)(&ctx))) {
             Err(payload) => Err(Error::WorkPanicked {
                 cpu: self.cpu,

@@ -295,13 +295,13 @@ pub(crate) struct OwnerCounters {
 }
 
 impl OwnerCounters {
-    /// Counts one drain run for this CPU, remote or queued as `ctx` says.
+    /// Counts one drain run for this CPU, run in the requester or queued as `ctx` says.
     #[inline]
     pub(crate) fn drained(&mut self, ctx: &qpw_core::WorkCtx) {
-        if ctx.is_remote() {
-            self.drains_remote += 1;
-        } else {
+        if ctx.is_queued() {
             self.drains_queued += 1;
+        } else {
+            self.drains_remote += 1;
         }
     }
 }
