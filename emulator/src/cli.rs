@@ -94,8 +94,10 @@ pub struct FillerArgs {
 /// The drain options shared by the probes and the load.
 #[derive(Debug, Clone, Args)]
 pub struct DrainArgs {
-    /// Drain mode: queue (post to the target CPU's worker) or remote (run under the target's
-    /// lock in the requester). Giving --mode or --workload turns the load on.
+    /// Drain mode: queue (post to the target CPU's worker), remote (run under the target's
+    /// lock in the requester), or auto (the kernel's rule, the default: remote when the
+    /// measured CPU is isolated or nohz_full, else queue). Giving --mode or --workload turns
+    /// the load on.
     #[arg(long, value_name = "MODE", allow_hyphen_values = true)]
     pub mode: Option<String>,
     /// Workload: lru, memcg, slub, pcp, or counter (the emulator's built-in minimal one); for

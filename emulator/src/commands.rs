@@ -118,7 +118,12 @@ pub fn resolve_drain(
     let load = validate::on_off("--load", &args.load)?;
     let every = validate::int_in("--local-op-every", &args.local_op_every, 1, 1_000_000)?;
     let timeout = validate::int_in("--drain-timeout", &args.drain_timeout, 1, 60_000)?;
-    let mode = args.mode.as_deref().map(parse_mode).transpose()?;
+    // `auto` (or no --mode) is the kernel's rule (FIDELITY 5), for the measured CPU: remote when
+    // it is isolated or nohz_full, queue otherwise.
+    let mode = match args.mode.as_deref() {
+        Some(m) if m.trim() == "auto" => None,
+        other => other.map(parse_mode).transpose()?,
+    };
     let workload = args
         .workload
         .as_deref()
@@ -132,7 +137,7 @@ pub fn resolve_drain(
         .as_deref()
         .map(|c| validate::cpu("--requester-cpu", c, &cpus.allowed))
         .transpose()?;
-    if mode.is_none() && workload.is_none() {
+    if args.mode.is_none() && workload.is_none() {
         return Ok(None);
     }
     let requester_cpu = match requester {
@@ -169,7 +174,7 @@ pub fn resolve_drain(
         .first()
         .ok_or_else(|| anyhow!("no CPU is measured"))?;
     Ok(Some(DrainSpec {
-        mode: mode.unwrap_or(Mode::Queue),
+        mode: mode.unwrap_or_else(|| auto_mode(cpus, target_cpu)),
         workload,
         drain_rate_hz: rate,
         force,
@@ -182,12 +187,22 @@ pub fn resolve_drain(
     }))
 }
 
+/// The kernel's rule for one CPU (`pwlocks=` auto-enabled by isolation, per CPU as qpw-core's
+/// `Policy::Auto` does it): remote on an isolated or `nohz_full` CPU, queue elsewhere.
+pub fn auto_mode(cpus: &Cpus, cpu: usize) -> Mode {
+    if cpus.isolated.contains(cpu) {
+        Mode::Remote
+    } else {
+        Mode::Queue
+    }
+}
+
 /// `queue` or `remote`.
 pub fn parse_mode(raw: &str) -> Result<Mode> {
     match raw.trim() {
         "queue" => Ok(Mode::Queue),
         "remote" => Ok(Mode::Remote),
-        _ => Err(anyhow!("--mode {raw}: must be `queue` or `remote`")),
+        _ => Err(anyhow!("--mode {raw}: must be `auto`, `queue` or `remote`")),
     }
 }
 
@@ -480,4 +495,24 @@ struct LoadBody {
     load: crate::load::LoadReport,
     /// Setup steps that failed.
     warnings: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_mode_is_remote_on_isolated_cpus_only() {
+        let cpus = Cpus {
+            allowed: CpuSet::from_iter([0, 1, 2, 3]),
+            isolated: CpuSet::from_iter([3]),
+            target: 3,
+        };
+        assert_eq!(auto_mode(&cpus, 3), Mode::Remote);
+        assert_eq!(auto_mode(&cpus, 1), Mode::Queue);
+        assert!(
+            parse_mode("auto").is_err(),
+            "auto is resolved before parse_mode"
+        );
+    }
 }

@@ -332,10 +332,7 @@ fn requester(
         report.cpus_remote += out.ran_remote as u64;
         report.cpus_skipped += out.skipped_cpus as u64;
         report.whole_skipped += u64::from(out.skipped);
-        let stalled = out
-            .errors
-            .iter()
-            .any(|e| matches!(e, qpw_core::Error::Stall { .. }));
+        let stalled = out.errors.iter().any(qpw_core::Error::is_stall);
         if stalled {
             report.stalls += 1;
         } else if !out.errors.is_empty() {

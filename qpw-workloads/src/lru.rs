@@ -285,14 +285,14 @@ impl Shared {
             };
             self.lru_add_drain_cpu(ctx.cpu(), &mut fb, &mut irq);
         }
-        if !ctx.is_remote() {
+        if ctx.is_queued() {
             self.invalidate_bh_lrus_cpu(ctx);
         }
     }
 
     /// The buffer-head invalidation queued on its own, to a remote-mode CPU's worker.
     fn invalidate_bh_lrus_work(&self, ctx: &WorkCtx) {
-        debug_assert!(!ctx.is_remote(), "the bh LRU is only reached on its CPU");
+        debug_assert!(ctx.is_queued(), "the bh LRU is only reached on its CPU");
         self.bh_runs[self.skips.idx(ctx.cpu())].fetch_add(1, Ordering::Relaxed);
         self.invalidate_bh_lrus_cpu(ctx);
     }
