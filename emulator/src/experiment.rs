@@ -141,6 +141,10 @@ struct KernelWork {
     runs: u64,
     /// Runs per drain.
     runs_per_drain: Option<f64>,
+    /// The target's interruptions attributed to this work function (a kworker running it).
+    gaps: u64,
+    /// Their total time, in microseconds.
+    gaps_us: f64,
     /// Run time p50, p99 and max, in microseconds.
     p50_us: f64,
     /// 99th percentile.
@@ -556,6 +560,16 @@ impl Ctx {
             threshold_ns as f64 / 1000.0,
             &conv,
         );
+        // For a kernel workload, the gaps its own work function made (before `a` is consumed).
+        let kernel_fn = self.scenarios[i]
+            .workload
+            .kernel()
+            .map(|k| format!("kworker {}", k.work_functions()[0]));
+        let (fn_gaps, fn_gaps_us) = a
+            .top
+            .iter()
+            .filter(|s| Some(&s.source) == kernel_fn.as_ref())
+            .fold((0, 0.0), |(n, t), s| (n + s.count, t + s.total_us));
         let acc = &mut self.scenarios[i];
         for (k, v) in a.by_bucket {
             *acc.attribution.by_bucket.entry(k).or_default() += v;
@@ -611,6 +625,8 @@ impl Ctx {
                     ..KernelWork::default()
                 });
             work.drains += drains;
+            work.gaps += fn_gaps;
+            work.gaps_us += fn_gaps_us;
             work.runs = acc.work_us.len() as u64;
             work.runs_per_drain = (work.drains > 0).then(|| work.runs as f64 / work.drains as f64);
             let mut d = acc.work_us.clone();
@@ -925,15 +941,17 @@ impl Ctx {
         let kernel: Vec<_> = rows.iter().filter(|r| r.kernel_work.is_some()).collect();
         if !kernel.is_empty() {
             println!(
-                "(kworker gaps/d: the target's interruptions attributed to a kworker, per drain; \
-                 the filler that fills the target's caches before each drain is `other`)"
+                "(runs: of the work function on the target, per drain, and how long each ran; \
+                 gaps/d: the target's interruptions in which a kworker ran it, per drain, and \
+                 their mean length; the filler that fills the target's caches before each drain \
+                 counts as `other`)"
             );
             println!(
                 "\nThe kernel's own drains ({}; mode {}): runs of the work function on cpu {}",
                 self.kernel.release, self.kernel.mode, self.target
             );
             println!(
-                "{:<16} {:<26} {:>7} {:>7} {:>10} {:>8} {:>8} {:>8} {:>14}",
+                "{:<16} {:<26} {:>7} {:>7} {:>10} {:>8} {:>8} {:>8} {:>7} {:>7}",
                 "workload",
                 "work function",
                 "drains",
@@ -942,13 +960,13 @@ impl Ctx {
                 "p50 us",
                 "p99 us",
                 "max us",
-                "kworker gaps/d"
+                "gaps/d",
+                "gap us"
             );
             for r in kernel {
                 let Some(w) = &r.kernel_work else { continue };
-                let kworker_gaps = r.by_bucket.get("kernel").copied().unwrap_or(0);
                 println!(
-                    "{:<16} {:<26} {:>7} {:>7} {:>10} {:>8.1} {:>8.1} {:>8.1} {:>14}",
+                    "{:<16} {:<26} {:>7} {:>7} {:>10} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7}",
                     r.scenario,
                     w.function,
                     w.drains,
@@ -958,7 +976,12 @@ impl Ctx {
                     w.p99_us,
                     w.max_us,
                     if w.drains > 0 {
-                        format!("{:.2}", kworker_gaps as f64 / w.drains as f64)
+                        format!("{:.2}", w.gaps as f64 / w.drains as f64)
+                    } else {
+                        "-".into()
+                    },
+                    if w.gaps > 0 {
+                        format!("{:.1}", w.gaps_us / w.gaps as f64)
                     } else {
                         "-".into()
                     }
