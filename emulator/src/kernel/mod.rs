@@ -179,6 +179,14 @@ pub struct MemCgroup {
 impl MemCgroup {
     fn locate() -> Result<Hierarchy> {
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+        Self::locate_in(&mounts, |dir| {
+            std::fs::read_to_string(dir.join("cgroup.controllers")).unwrap_or_default()
+        })
+    }
+
+    /// [`Self::locate`] over the text of `/proc/mounts`, with `controllers` reading a cgroup
+    /// v2 root's `cgroup.controllers`.
+    fn locate_in(mounts: &str, controllers: impl Fn(&Path) -> String) -> Result<Hierarchy> {
         let mut v2 = None;
         for l in mounts.lines() {
             let f: Vec<&str> = l.split(' ').collect();
@@ -189,9 +197,7 @@ impl MemCgroup {
                 return Ok(Hierarchy::V1(PathBuf::from(f[1])));
             }
             if f[2] == "cgroup2" {
-                let controllers =
-                    std::fs::read_to_string(Path::new(f[1]).join("cgroup.controllers"))
-                        .unwrap_or_default();
+                let controllers = controllers(Path::new(f[1]));
                 if controllers.split_whitespace().any(|c| c == "memory") {
                     v2 = Some(PathBuf::from(f[1]));
                 }
@@ -531,4 +537,41 @@ fn requester(
     report.missed_deadlines = missed;
     report.set_times(&hist);
     Ok((report, hist))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memory_hierarchy_is_found_in_v1_and_v2_or_refused_clearly() {
+        let v1 = "cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,memory 0 0\n\
+                  cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n";
+        assert_eq!(
+            MemCgroup::locate_in(v1, |_| String::new()).unwrap(),
+            Hierarchy::V1(PathBuf::from("/sys/fs/cgroup/memory"))
+        );
+        let v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n";
+        assert_eq!(
+            MemCgroup::locate_in(v2, |_| "cpuset cpu io memory pids".into()).unwrap(),
+            Hierarchy::V2(PathBuf::from("/sys/fs/cgroup"))
+        );
+        // cgroup v2 without the memory controller, and no v1 memory hierarchy.
+        let e = MemCgroup::locate_in(v2, |_| "cpu io".into())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no memory cgroup controller is mounted"), "{e}");
+        assert!(e.contains("CONFIG_MEMCG"), "{e}");
+    }
+
+    #[test]
+    fn kernel_workloads_are_named_and_documented() {
+        for k in KernelDrain::ALL {
+            assert_eq!(KernelDrain::from_name(k.name()), Some(k));
+            assert!(k.default_rate_hz() > 0.0);
+            assert!(!k.work_functions().is_empty());
+            assert!(k.effect().contains("writes") || k.effect().contains("cgroup"));
+        }
+        assert_eq!(KernelDrain::from_name("kernel-foo"), None);
+    }
 }

@@ -423,3 +423,30 @@ fn take_line(line: &str, out: &mut Gathered) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_mount_says_what_is_missing_and_how_to_get_it() {
+        let e = mount_refused(std::io::Error::from_raw_os_error(libc::EPERM)).to_string();
+        assert!(
+            e.contains("tracefs is not mounted and cannot be mounted"),
+            "{e}"
+        );
+        assert!(
+            e.contains("CAP_SYS_ADMIN") && e.contains("mount -t tracefs"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_cpu_mask_is_hex_words_most_significant_first() {
+        assert_eq!(cpumask_hex(&CpuSet::from_iter([1])), "00000002");
+        assert_eq!(
+            cpumask_hex(&CpuSet::from_iter([0, 33])),
+            "00000002,00000001"
+        );
+    }
+}
