@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 
 use qpw_core::sync::{thread, Arc, AtomicBool, AtomicU64, Ordering};
 
+use super::stats::avg;
 use super::{
-    avg, BandwidthSource, Config, ConstantBandwidth, DomainLayout, Event, Fastcat, PathCounts,
-    ReadPath, Resctrl, ResctrlError, MBM_CNTR_WIDTH_BASE, MBM_OVERFLOW_INTERVAL,
+    BandwidthSource, Config, ConstantBandwidth, DomainLayout, Event, Fastcat, PathCounts, ReadPath,
+    Resctrl, ResctrlError, MBM_CNTR_WIDTH_BASE, MBM_OVERFLOW_INTERVAL,
 };
 
 /// What to measure.

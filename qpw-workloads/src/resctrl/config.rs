@@ -1,0 +1,71 @@
+//! How a [`Resctrl`](super::Resctrl) is set up: the domain layout and the hardware's
+//! parameters.
+
+use std::time::Duration;
+
+use qpw_core::sync::Arc;
+use qpw_core::{CpuSet, Topology};
+
+use super::bandwidth::BandwidthSource;
+use super::read_path::ReadPath;
+use super::{DEFAULT_MON_SCALE, MBM_CNTR_WIDTH_BASE, MBM_OVERFLOW_INTERVAL};
+
+/// Where the L3 domains come from.
+#[derive(Debug, Clone)]
+pub enum DomainLayout {
+    /// The machine's L3 domains (physical CPUs).
+    Topology(Topology),
+    /// Explicit domains of physical CPUs, disjoint, each allowed to the process.
+    Physical(Vec<CpuSet>),
+    /// `domains` domains of `cpus_per_domain` logical CPUs each, multiplexed onto the allowed
+    /// physical CPUs (reports must say so).
+    Emulated {
+        /// Number of domains (1-256).
+        domains: usize,
+        /// CPUs per domain (1-64).
+        cpus_per_domain: usize,
+    },
+}
+
+/// How a [`Resctrl`](super::Resctrl) is set up.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The domains.
+    pub layout: DomainLayout,
+    /// Monitoring groups (RMIDs) available, including the root's RMID 0 (1-4096).
+    pub num_rmids: u32,
+    /// Counter width in bits (8-62): [`MBM_CNTR_WIDTH_BASE`], or + the AMD offset.
+    pub counter_width: u32,
+    /// Bytes per counter chunk (`mon_scale`, at least 1).
+    pub mon_scale: u64,
+    /// The overflow worker's period; `None`: it runs only when asked
+    /// ([`Resctrl::run_overflow_now`](super::Resctrl::run_overflow_now)).
+    pub overflow_interval: Option<Duration>,
+    /// The traffic; `None`: only [`Resctrl::inject_traffic`](super::Resctrl::inject_traffic) moves the counters.
+    pub bandwidth: Option<Arc<dyn BandwidthSource>>,
+    /// How often the traffic thread applies the source.
+    pub traffic_tick: Duration,
+    /// The initial read path.
+    pub read_path: ReadPath,
+    /// How long a read waits for its worker or interrupt before it is an error.
+    pub call_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            layout: DomainLayout::Emulated {
+                domains: 2,
+                cpus_per_domain: 1,
+            },
+            num_rmids: 256,
+            counter_width: MBM_CNTR_WIDTH_BASE,
+            mon_scale: DEFAULT_MON_SCALE,
+            overflow_interval: Some(MBM_OVERFLOW_INTERVAL),
+            bandwidth: None,
+            traffic_tick: Duration::from_millis(10),
+            read_path: ReadPath::Workqueue,
+            call_timeout: Duration::from_secs(10),
+        }
+    }
+}

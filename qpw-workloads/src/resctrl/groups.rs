@@ -1,0 +1,70 @@
+//! Monitoring groups: `mkdir` and `rmdir` under `mon_groups/`, one RMID each.
+
+use qpw_core::sync::Ordering;
+
+use super::error::ResctrlError;
+use super::model::{lock, Resctrl};
+
+#[derive(Debug, Clone)]
+pub(super) struct Group {
+    pub(super) name: String,
+    pub(super) generation: u64,
+}
+
+/// What `rdtgroup_mutex` guards.
+#[derive(Debug)]
+pub(super) struct RdtState {
+    /// Index: RMID. RMID 0 is the root group (name "").
+    pub(super) groups: Vec<Option<Group>>,
+    pub(super) next_generation: u64,
+}
+
+impl Resctrl {
+    /// `mkdir mon_groups/<name>`: a new group on the lowest free RMID, its counters reset.
+    pub fn mkdir(&self, name: &str) -> Result<u32, ResctrlError> {
+        if name.is_empty() || name.contains('/') {
+            return Err(ResctrlError::GroupName {
+                name: name.to_string(),
+            });
+        }
+        let mut state = lock(&self.shared.rdtgroup_mutex);
+        if state.groups.iter().flatten().any(|g| g.name == name) {
+            return Err(ResctrlError::GroupExists {
+                name: name.to_string(),
+            });
+        }
+        let Some(rmid) = state.groups.iter().position(Option::is_none) else {
+            return Err(ResctrlError::NoFreeRmid {
+                max: self.shared.hw.nr_rmids as u32,
+            });
+        };
+        let generation = state.next_generation;
+        state.next_generation += 1;
+        state.groups[rmid] = Some(Group {
+            name: name.to_string(),
+            generation,
+        });
+        let rmid = rmid as u32;
+        self.shared.hw.reset_rmid(rmid);
+        self.shared.hw.active[rmid as usize].store(true, Ordering::Release);
+        Ok(rmid)
+    }
+
+    /// `rmdir mon_groups/<name>`: frees the RMID; files opened on it read as an error.
+    pub fn rmdir(&self, name: &str) -> Result<(), ResctrlError> {
+        let mut state = lock(&self.shared.rdtgroup_mutex);
+        let rmid = state
+            .groups
+            .iter()
+            .position(|g| {
+                g.as_ref()
+                    .is_some_and(|g| g.name == name && !name.is_empty())
+            })
+            .ok_or_else(|| ResctrlError::NoSuchGroup {
+                name: name.to_string(),
+            })?;
+        state.groups[rmid] = None;
+        self.shared.hw.active[rmid].store(false, Ordering::Release);
+        Ok(())
+    }
+}

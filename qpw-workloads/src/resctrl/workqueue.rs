@@ -1,0 +1,69 @@
+//! Read path 1, the workqueue (`smp_call_on_cpu`): a worker hop to the domain's
+//! housekeeping CPU, always.
+
+use qpw_core::sync::Ordering;
+
+use super::error::ResctrlError;
+use super::event::Event;
+use super::file::MonFile;
+use super::model::{lock, Resctrl, Shared};
+use super::value::{Executor, ReadValue};
+
+#[derive(Debug, Default)]
+pub(super) struct WqRequest {
+    seq: u64,
+    pub(super) domain: usize,
+    pub(super) rmid: u32,
+    pub(super) event: Option<Event>,
+    pub(super) result: Option<(u64, ReadValue, Option<usize>)>,
+}
+
+impl Resctrl {
+    /// Path 1: post the read to the housekeeping CPU's worker and sleep until it ran.
+    pub(super) fn smp_call_on_cpu(
+        &self,
+        file: &MonFile,
+    ) -> Result<(ReadValue, Executor), ResctrlError> {
+        let cpu = self.shared.domains[file.domain].housekeeping;
+        let seq = {
+            let mut req = lock(&self.shared.wq);
+            req.seq += 1;
+            req.domain = file.domain;
+            req.rmid = file.rmid;
+            req.event = Some(file.event);
+            req.result = None;
+            req.seq
+        };
+        self.read_work.queue_on(cpu)?;
+        self.read_work
+            .flush_timeout(cpu, self.shared.call_timeout)?;
+        let mut req = lock(&self.shared.wq);
+        match req.result.take() {
+            Some((s, value, ran_on)) if s == seq => Ok((
+                value,
+                Executor::Worker {
+                    cpu: ran_on.unwrap_or(cpu),
+                },
+            )),
+            _ => Ok((ReadValue::Error, Executor::Worker { cpu })),
+        }
+    }
+}
+
+impl Shared {
+    /// The worker side of path 1 (`smp_mon_event_count`), on `cpu`'s worker.
+    pub(super) fn smp_mon_event_count(&self, cpu: usize) {
+        self.counts.worker_runs.fetch_add(1, Ordering::Relaxed);
+        let on = if self.hw.logical {
+            Some(cpu)
+        } else {
+            qpw_core::current_cpu()
+        };
+        let mut req = lock(&self.wq);
+        let Some(event) = req.event else {
+            return;
+        };
+        let value = self.hw.rmid_read(on, req.domain, req.rmid, event);
+        req.result = Some((req.seq, value, Some(cpu)));
+    }
+}
