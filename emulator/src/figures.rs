@@ -45,9 +45,17 @@ struct PathJson {
     hold_avg_us: f64,
     /// Longest hold.
     hold_max_us: f64,
-    /// Time the reader was off-CPU holding the mutex, all reads together.
+    /// Reads executed by another thread (a worker or an interrupted thread).
+    remote_reads: u64,
+    /// Average wait of the reader, mutex held, for that thread, per remote read.
+    executor_wait_avg_us: f64,
+    /// Longest such wait.
+    executor_wait_max_us: f64,
+    /// Reads that waited for the mutex itself.
+    mutex_waits: u64,
+    /// Time the reader was off-CPU during the passes (read once per pass, not per read).
     off_cpu_us: f64,
-    /// The reader's voluntary context switches while holding the mutex.
+    /// The reader's voluntary context switches during the passes.
     voluntary_switches: u64,
     /// Reads run by a worker.
     worker_runs: u64,
@@ -92,7 +100,13 @@ struct ResctrlJson {
     reader_cpu: usize,
     /// The reader's domain.
     reader_domain: usize,
-    /// Busy load threads.
+    /// Busy load threads per loaded CPU.
+    load_threads_per_cpu: usize,
+    /// Whether the load threads were registered for the interrupt path.
+    load_interruptible: bool,
+    /// The loaded CPUs (every domain CPU but the reader's).
+    loaded_cpus: Vec<usize>,
+    /// Busy load threads in all.
     load_threads: usize,
     /// The overflow worker's period, in ms.
     overflow_interval_ms: f64,
@@ -113,6 +127,9 @@ fn resctrl_json(f: &ResctrlFigures) -> ResctrlJson {
         files: f.files,
         reader_cpu: f.reader_cpu,
         reader_domain: f.reader_domain,
+        load_threads_per_cpu: f.load.threads_per_cpu,
+        load_interruptible: f.load.interruptible,
+        loaded_cpus: f.loaded_cpus.clone(),
         load_threads: f.load_threads,
         overflow_interval_ms: f.overflow_interval.as_secs_f64() * 1e3,
         violations: f.violations,
@@ -130,6 +147,10 @@ fn resctrl_json(f: &ResctrlFigures) -> ResctrlJson {
                 reads: p.reads,
                 hold_avg_us: us(p.hold_avg),
                 hold_max_us: us(p.hold_max),
+                remote_reads: p.remote_reads,
+                executor_wait_avg_us: us(p.executor_wait_avg),
+                executor_wait_max_us: us(p.executor_wait_max),
+                mutex_waits: p.mutex_waits,
                 off_cpu_us: us(p.off_cpu),
                 voluntary_switches: p.voluntary_switches,
                 worker_runs: p.counts.worker_runs,
@@ -151,7 +172,11 @@ fn resctrl_json(f: &ResctrlFigures) -> ResctrlJson {
 pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     let mut config = FiguresConfig::default();
     if let Some(g) = &args.groups {
-        config.groups = validate::int_in("--groups", g, 1, 4095)? as usize;
+        config.groups = Some(validate::int_in("--groups", g, 1, 4095)? as usize);
+    }
+    if let Some(l) = &args.load {
+        config.load.threads_per_cpu =
+            validate::int_in("--load", l, 0, resctrl::MAX_THREADS_PER_CPU as u64)? as usize;
     }
     if let Some(p) = &args.passes {
         config.passes = validate::int_in("--passes", p, 1, 1000)? as usize;
@@ -159,8 +184,9 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     let start_time = rt::rt_timestamp();
     if !args.quiet {
         eprintln!(
-            "qpw-emu resctrl: {} groups, {} passes per read path, from qpw_workloads::resctrl::measure_read_paths",
-            config.groups, config.passes
+            "qpw-emu resctrl: {} passes per read path, {} busy threads per loaded CPU, from \
+             qpw_workloads::resctrl::measure_read_paths",
+            config.passes, config.load.threads_per_cpu
         );
     }
     let figures = resctrl::measure_read_paths(&config).context("resctrl figures")?;
@@ -169,7 +195,7 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     let _ = writeln!(
         s,
         "resctrl read paths: {} files per pass ({} groups x {} events x {} domains), reader cpu {} \
-         (domain {}), {} busy load threads; {}{}",
+         (domain {}), {} busy load threads ({} on each of cpus {:?}); {}{}",
         j.files,
         j.groups,
         j.events,
@@ -177,6 +203,8 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
         j.reader_cpu,
         j.reader_domain,
         j.load_threads,
+        j.load_threads_per_cpu,
+        j.loaded_cpus,
         j.cpus,
         if j.logical {
             " (logical CPUs: compare paths with each other, not with the seed's figures)"
@@ -186,7 +214,7 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     );
     let _ = writeln!(
         s,
-        "{:<10} {:>9} {:>12} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>8}",
+        "{:<10} {:>9} {:>12} {:>12} {:>11} {:>11} {:>11} {:>12} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>8}",
         "path",
         "setup ms",
         "pass avg ms",
@@ -194,6 +222,8 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
         "local us",
         "hold avg us",
         "hold max us",
+        "wait avg us",
+        "wait max us",
         "off-cpu ms",
         "worker",
         "irq",
@@ -204,7 +234,7 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     for p in &j.paths {
         let _ = writeln!(
             s,
-            "{:<10} {:>9.1} {:>12.1} {:>12.1} {:>11.1} {:>11.2} {:>11.1} {:>11.1} {:>7} {:>7} {:>7} {:>7} {:>8}",
+            "{:<10} {:>9.1} {:>12.2} {:>12.2} {:>11.1} {:>11.2} {:>11.1} {:>12.1} {:>11.1} {:>11.1} {:>7} {:>7} {:>7} {:>7} {:>8}",
             p.path,
             p.setup_us / 1e3,
             p.pass_avg_us / 1e3,
@@ -212,6 +242,8 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
             p.local_pass_avg_us,
             p.hold_avg_us,
             p.hold_max_us,
+            p.executor_wait_avg_us,
+            p.executor_wait_max_us,
             p.off_cpu_us / 1e3,
             p.worker_runs,
             p.interrupts,
@@ -220,6 +252,11 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
             p.interruptions
         );
     }
+    let _ = writeln!(
+        s,
+        "wait: the reader's wait, rdtgroup_mutex held, for the worker or the interrupted thread \
+         that executed a read, per read executed elsewhere; off-cpu: over the passes"
+    );
     if j.violations > 0 {
         let _ = writeln!(
             s,

@@ -7,6 +7,7 @@ use qpw_core::sync::Arc;
 use qpw_core::{CpuSet, Topology};
 
 use super::bandwidth::BandwidthSource;
+use super::interrupt::{RETARGETS, RETARGET_AFTER};
 use super::read_path::ReadPath;
 use super::{DEFAULT_MON_SCALE, MBM_CNTR_WIDTH_BASE, MBM_OVERFLOW_INTERVAL};
 
@@ -25,6 +26,17 @@ pub enum DomainLayout {
         /// CPUs per domain (1-64).
         cpus_per_domain: usize,
     },
+}
+
+impl DomainLayout {
+    /// How many domains the layout has (for a topology: its L3 domains).
+    pub fn domains(&self) -> usize {
+        match self {
+            DomainLayout::Topology(topology) => topology.l3_domains().len(),
+            DomainLayout::Physical(domains) => domains.len(),
+            DomainLayout::Emulated { domains, .. } => *domains,
+        }
+    }
 }
 
 /// How a [`Resctrl`](super::Resctrl) is set up.
@@ -49,6 +61,12 @@ pub struct Config {
     pub read_path: ReadPath,
     /// How long a read waits for its worker or interrupt before it is an error.
     pub call_timeout: Duration,
+    /// How long an interrupt may wait to be claimed by the thread it was sent to before it is
+    /// sent to the thread running on the CPU now (default [`RETARGET_AFTER`]).
+    pub retarget_after: Duration,
+    /// How many times an interrupt is re-sent so before the reader just waits for it (default
+    /// [`RETARGETS`]).
+    pub retargets: u32,
 }
 
 impl Default for Config {
@@ -66,6 +84,8 @@ impl Default for Config {
             traffic_tick: Duration::from_millis(10),
             read_path: ReadPath::Workqueue,
             call_timeout: Duration::from_secs(10),
+            retarget_after: RETARGET_AFTER,
+            retargets: RETARGETS,
         }
     }
 }

@@ -114,6 +114,16 @@ pub enum ResctrlError {
     /// The interrupt path failed (no target, a timeout).
     #[error(transparent)]
     CrossCall(#[from] CrossCallError),
+    /// Too many threads registered for one CPU.
+    #[error(
+        "cpu {cpu} has {max} threads registered for the interrupt path already: the most is {max}"
+    )]
+    TooManyThreads {
+        /// The CPU.
+        cpu: usize,
+        /// [`MAX_THREADS_PER_CPU`](super::MAX_THREADS_PER_CPU).
+        max: usize,
+    },
     /// A figures parameter out of range.
     #[error("{what} {value} is out of range: the legal range is {lo}-{hi}")]
     FiguresRange {

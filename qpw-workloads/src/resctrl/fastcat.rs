@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 use super::error::ResctrlError;
 use super::file::MonFile;
 use super::model::Resctrl;
+use super::stats::ThreadUsage;
 use super::value::MonRead;
 
 /// A fastcat-style reader (seed 000): opens a set of files once, then reads them all, pass
@@ -25,6 +26,13 @@ pub struct Pass {
     pub files: usize,
     /// Results that were not values.
     pub non_values: usize,
+    /// The reader's voluntary context switches during the pass (`ru_nvcsw`, read before and
+    /// after the pass, not around each read: see [`HoldStats`](super::HoldStats)). A reader
+    /// sleeps only while it waits for a worker or an interrupted thread, inside
+    /// `rdtgroup_mutex`, or, rarely, for the mutex itself.
+    pub voluntary_switches: u64,
+    /// Time the reader was off the CPU during the pass: wall time minus its CPU time.
+    pub off_cpu: Duration,
 }
 
 impl<'a> Fastcat<'a> {
@@ -62,6 +70,7 @@ impl<'a> Fastcat<'a> {
         &self,
         mut seen: impl FnMut(&MonFile, &MonRead),
     ) -> Result<Pass, ResctrlError> {
+        let before = ThreadUsage::now();
         let start = Instant::now();
         let mut non_values = 0;
         for file in &self.files {
@@ -71,10 +80,14 @@ impl<'a> Fastcat<'a> {
             }
             seen(file, &read);
         }
+        let elapsed = start.elapsed();
+        let (voluntary_switches, off_cpu) = ThreadUsage::now().since(&before);
         Ok(Pass {
-            elapsed: start.elapsed(),
+            elapsed,
             files: self.files.len(),
             non_values,
+            voluntary_switches,
+            off_cpu,
         })
     }
 }

@@ -4,6 +4,7 @@ use qpw_core::sync::Ordering;
 
 use super::error::ResctrlError;
 use super::model::{lock, Resctrl};
+use super::stats::PathStats;
 
 #[derive(Debug, Clone)]
 pub(super) struct Group {
@@ -17,6 +18,9 @@ pub(super) struct RdtState {
     /// Index: RMID. RMID 0 is the root group (name "").
     pub(super) groups: Vec<Option<Group>>,
     pub(super) next_generation: u64,
+    /// Each read path's record (index: [`ReadPath`](super::ReadPath) order), kept under the
+    /// mutex whose hold it measures, so that recording a read needs no atomics.
+    pub(super) stats: [PathStats; 4],
 }
 
 impl Resctrl {

@@ -88,6 +88,8 @@ mod file;
 mod groups;
 mod hardware;
 mod interrupt;
+#[cfg(not(loom))]
+mod load;
 mod model;
 mod overflow;
 mod read;
@@ -102,9 +104,15 @@ pub use error::ResctrlError;
 pub use event::Event;
 pub use fastcat::{Fastcat, Pass};
 #[cfg(not(loom))]
-pub use figures::{measure_read_paths, FiguresConfig, PathFigures, ResctrlFigures};
+pub use figures::{
+    measure_read_paths, one_domain_per_cpu, FiguresConfig, PathFigures, ResctrlFigures,
+    SEED_002_FILES,
+};
 pub use file::MonFile;
 pub use hardware::mbm_overflow_count;
+pub use interrupt::{DomainThread, MAX_THREADS_PER_CPU, RETARGETS, RETARGET_AFTER};
+#[cfg(not(loom))]
+pub use load::{with_fleet_load, FleetLoad, LoadThreads};
 pub use model::Resctrl;
 pub use read_path::ReadPath;
 pub use stats::{HoldStats, PathCounts};

@@ -4,7 +4,6 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use qpw_core::cross_call;
 use qpw_core::sync::{
     thread, Arc, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering,
 };
@@ -14,8 +13,9 @@ use super::config::{Config, DomainLayout};
 use super::error::ResctrlError;
 use super::groups::{Group, RdtState};
 use super::hardware::{atomics, flags, Hardware};
+use super::interrupt::Targets;
 use super::overflow::{CacheEntry, OverflowCtl};
-use super::stats::{Counts, PathStats};
+use super::stats::Counts;
 use super::workqueue::WqRequest;
 use super::MAX_RMIDS;
 
@@ -32,20 +32,17 @@ pub(super) struct Domain {
 pub(super) struct Shared {
     pub(super) hw: Hardware,
     pub(super) domains: Vec<Domain>,
-    /// The cross-call id space of this model's CPUs (registered threads).
-    pub(super) space: u64,
-    /// Where the idle stand-ins register.
-    pub(super) idle_space: u64,
-    /// The idle stand-ins started so far: their stop flags and threads.
-    pub(super) idle: Mutex<Vec<(Arc<AtomicBool>, thread::JoinHandle<()>)>>,
+    /// The threads the interrupt path may interrupt.
+    pub(super) targets: Targets,
     pub(super) rdtgroup_mutex: Mutex<RdtState>,
     pub(super) wq: Mutex<WqRequest>,
-    pub(super) stats: [PathStats; 4],
     pub(super) counts: Counts,
     pub(super) overflow: Mutex<OverflowCtl>,
     pub(super) overflow_cv: Condvar,
     pub(super) stop: AtomicBool,
     pub(super) call_timeout: Duration,
+    /// `Config::retarget_after` and `Config::retargets`.
+    pub(super) retarget: (Duration, u32),
     pub(super) interval: Option<Duration>,
 }
 
@@ -203,18 +200,15 @@ impl Resctrl {
             name: String::new(),
             generation: 0,
         });
-        let space = cross_call::new_space();
         let shared = Arc::new(Shared {
             hw,
-            space,
-            idle_space: cross_call::new_space(),
-            idle: Mutex::new(Vec::new()),
+            targets: Targets::new(max_cpu),
             rdtgroup_mutex: Mutex::new(RdtState {
                 groups,
                 next_generation: 1,
+                stats: Default::default(),
             }),
             wq: Mutex::new(WqRequest::default()),
-            stats: Default::default(),
             counts: Counts::default(),
             overflow: Mutex::new(OverflowCtl {
                 requested: vec![0; nr_domains],
@@ -225,6 +219,7 @@ impl Resctrl {
             overflow_cv: Condvar::new(),
             stop: AtomicBool::new(false),
             call_timeout: config.call_timeout,
+            retarget: (config.retarget_after, config.retargets),
             interval: config.overflow_interval,
             domains,
         });
@@ -310,11 +305,7 @@ impl Drop for Resctrl {
         for handle in self.threads.drain(..) {
             let _ = handle.join();
         }
-        let idle = std::mem::take(&mut *lock(&self.shared.idle));
-        for (stop, handle) in idle {
-            stop.store(true, Ordering::Release);
-            let _ = handle.join();
-        }
+        self.shared.targets.stop_idle();
     }
 }
 

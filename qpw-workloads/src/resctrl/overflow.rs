@@ -40,6 +40,7 @@ impl Resctrl {
                 executor: Executor::Cache,
                 rate: None,
                 age: None,
+                waited: None,
             };
         }
         let age = Duration::from_nanos(hw.now_ns().saturating_sub(at - 1));
@@ -51,6 +52,7 @@ impl Resctrl {
                 .is_mbm()
                 .then(|| entry.rate.load(Ordering::Relaxed)),
             age: Some(age),
+            waited: None,
         }
     }
 

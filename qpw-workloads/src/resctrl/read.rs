@@ -1,6 +1,8 @@
 //! Reading a counter file (`rdtgroup_mondata_show`): `rdtgroup_mutex` held across the read,
 //! dispatched by the read path; read path 3, the local fast path; the hardware rule.
 
+use std::time::{Duration, Instant};
+
 use qpw_core::sync::{MutexGuard, Ordering};
 
 use super::error::ResctrlError;
@@ -8,8 +10,11 @@ use super::file::MonFile;
 use super::groups::RdtState;
 use super::model::{lock, Resctrl};
 use super::read_path::ReadPath;
-use super::stats::HoldProbe;
 use super::value::{Executor, MonRead, ReadValue};
+
+/// A read as executed: the value, who executed it, and how long the reader waited for its
+/// executor when that was another thread.
+pub(super) type Executed = (ReadValue, Executor, Option<Duration>);
 
 impl Resctrl {
     /// The read path the switch is set to.
@@ -30,22 +35,18 @@ impl Resctrl {
     /// Reads a counter file by `path`, holding `rdtgroup_mutex` across the read and recording
     /// the hold in that path's [`HoldStats`](super::HoldStats).
     pub fn read_with(&self, file: &MonFile, path: ReadPath) -> Result<MonRead, ResctrlError> {
-        let state = lock(&self.shared.rdtgroup_mutex);
-        let probe = HoldProbe::start();
+        // A failed trylock is a wait for the mutex (the overflow worker or another reader
+        // holds it), which the record counts apart from the hold itself.
+        let (mut state, waited_for_mutex) = match self.shared.rdtgroup_mutex.try_lock() {
+            Ok(state) => (state, false),
+            Err(_) => (lock(&self.shared.rdtgroup_mutex), true),
+        };
+        let start = Instant::now();
         let outcome = self.read_locked(&state, file, path);
-        let stats = &self.shared.stats[path.idx()];
-        probe.finish(stats);
+        let hold = start.elapsed();
+        state.stats[path.idx()].record(hold, waited_for_mutex, outcome.as_ref().ok());
         drop(state);
-        let read = outcome?;
-        if read.value.value().is_none() {
-            stats.non_values.fetch_add(1, Ordering::Relaxed);
-        }
-        if let Some(age) = read.age {
-            let ns = age.as_nanos() as u64;
-            stats.age_ns.fetch_add(ns, Ordering::Relaxed);
-            stats.age_max_ns.fetch_max(ns, Ordering::Relaxed);
-        }
-        Ok(read)
+        outcome
     }
 
     fn read_locked(
@@ -64,11 +65,12 @@ impl Resctrl {
                 path: file.path.clone(),
             });
         }
-        let plain = |(value, executor)| MonRead {
+        let plain = |(value, executor, waited)| MonRead {
             value,
             executor,
             rate: None,
             age: None,
+            waited,
         };
         match path {
             ReadPath::Workqueue => self.smp_call_on_cpu(file).map(plain),
@@ -118,12 +120,12 @@ impl Resctrl {
         self.qpw.current_cpu()
     }
 
-    pub(super) fn mon_event_count_here(&self, file: &MonFile, cpu: usize) -> (ReadValue, Executor) {
+    pub(super) fn mon_event_count_here(&self, file: &MonFile, cpu: usize) -> Executed {
         let value =
             self.shared
                 .hw
                 .rmid_read(self.executing_cpu(), file.domain, file.rmid, file.event);
-        (value, Executor::Reader { cpu })
+        (value, Executor::Reader { cpu }, None)
     }
 
     /// `resctrl_arch_rmid_read` on the calling thread, as it runs now, under `rdtgroup_mutex`:

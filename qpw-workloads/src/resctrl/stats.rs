@@ -1,12 +1,21 @@
-//! What the model records about its reads: `rdtgroup_mutex` hold statistics per read path
-//! and how each read was executed.
+//! What the model records about its reads, cheaply enough not to hide what it measures.
+//!
+//! A cached read costs tens of nanoseconds, so the per-read record must cost no more: two
+//! reads of the monotonic clock (the vDSO's `clock_gettime`, about 25 ns here) for the
+//! `rdtgroup_mutex` hold, and plain additions to counters that the mutex itself guards (they
+//! live in [`RdtState`](super::groups::RdtState)), no atomics and no system calls. What needs
+//! system calls (the reader's voluntary context switches, `getrusage`, and its CPU time,
+//! `CLOCK_THREAD_CPUTIME_ID`, several hundred nanoseconds each) is read once per pass over
+//! the files by [`Fastcat`](super::Fastcat) ([`ThreadUsage`]). An earlier version read both
+//! around every read, about 2 us, which made a cached read look 40 times dearer than it is.
 
 use std::time::{Duration, Instant};
 
 use qpw_core::sync::{AtomicU64, Ordering};
 
-use super::model::Resctrl;
+use super::model::{lock, Resctrl};
 use super::read_path::ReadPath;
+use super::value::MonRead;
 
 /// `rdtgroup_mutex` hold statistics of one read path.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -17,10 +26,16 @@ pub struct HoldStats {
     pub hold_total: Duration,
     /// The longest hold.
     pub hold_max: Duration,
-    /// Voluntary context switches of the reader while holding it (`ru_nvcsw`).
-    pub voluntary_switches: u64,
-    /// Time the reader was off-CPU while holding it (hold time minus thread CPU time).
-    pub off_cpu: Duration,
+    /// Reads that found the mutex held (by the overflow worker or another reader) and waited
+    /// for it.
+    pub mutex_waits: u64,
+    /// Reads executed by another thread (a worker, or an interrupted thread), which the
+    /// reader waited for with the mutex held.
+    pub remote_reads: u64,
+    /// Total time those reads waited for their executor, from posting to done.
+    pub executor_wait_total: Duration,
+    /// The longest wait for an executor.
+    pub executor_wait_max: Duration,
     /// Reads whose result was not a value.
     pub non_values: u64,
     /// Total age of the cached values returned (cached path).
@@ -33,6 +48,11 @@ impl HoldStats {
     /// Average hold per read.
     pub fn hold_avg(&self) -> Duration {
         avg(self.hold_total, self.reads)
+    }
+
+    /// Average wait for the executor per remote read.
+    pub fn executor_wait_avg(&self) -> Duration {
+        avg(self.executor_wait_total, self.remote_reads)
     }
 }
 
@@ -57,20 +77,77 @@ pub struct PathCounts {
     pub local_fallbacks: u64,
     /// Reads answered from the cache.
     pub cached: u64,
+    /// Interrupts re-sent to the thread running on the CPU now because the one first chosen
+    /// had not claimed them in time (it had lost the CPU).
+    pub retargets: u64,
 }
 
-#[derive(Debug, Default)]
+/// One read path's record, guarded by `rdtgroup_mutex` (nanoseconds).
+#[derive(Debug, Default, Clone, Copy)]
 pub(super) struct PathStats {
-    pub(super) reads: AtomicU64,
-    hold_ns: AtomicU64,
-    hold_max_ns: AtomicU64,
-    nvcsw: AtomicU64,
-    off_cpu_ns: AtomicU64,
-    pub(super) non_values: AtomicU64,
-    pub(super) age_ns: AtomicU64,
-    pub(super) age_max_ns: AtomicU64,
+    reads: u64,
+    hold_ns: u64,
+    hold_max_ns: u64,
+    mutex_waits: u64,
+    remote_reads: u64,
+    wait_ns: u64,
+    wait_max_ns: u64,
+    non_values: u64,
+    age_ns: u64,
+    age_max_ns: u64,
 }
 
+impl PathStats {
+    /// Records one read, from inside `rdtgroup_mutex`: how long it held the mutex, whether it
+    /// had to wait for it, and what it returned.
+    #[inline]
+    pub(super) fn record(
+        &mut self,
+        hold: Duration,
+        waited_for_mutex: bool,
+        read: Option<&MonRead>,
+    ) {
+        let ns = |d: Duration| d.as_nanos() as u64;
+        self.reads += 1;
+        self.hold_ns += ns(hold);
+        self.hold_max_ns = self.hold_max_ns.max(ns(hold));
+        self.mutex_waits += u64::from(waited_for_mutex);
+        let Some(read) = read else {
+            return;
+        };
+        if read.value.value().is_none() {
+            self.non_values += 1;
+        }
+        if let Some(waited) = read.waited {
+            self.remote_reads += 1;
+            self.wait_ns += ns(waited);
+            self.wait_max_ns = self.wait_max_ns.max(ns(waited));
+        }
+        if let Some(age) = read.age {
+            self.age_ns += ns(age);
+            self.age_max_ns = self.age_max_ns.max(ns(age));
+        }
+    }
+
+    fn snapshot(&self) -> HoldStats {
+        let d = Duration::from_nanos;
+        HoldStats {
+            reads: self.reads,
+            hold_total: d(self.hold_ns),
+            hold_max: d(self.hold_max_ns),
+            mutex_waits: self.mutex_waits,
+            remote_reads: self.remote_reads,
+            executor_wait_total: d(self.wait_ns),
+            executor_wait_max: d(self.wait_max_ns),
+            non_values: self.non_values,
+            age_total: d(self.age_ns),
+            age_max: d(self.age_max_ns),
+        }
+    }
+}
+
+/// How reads were executed, counted by whoever executed them (the worker counts its own runs,
+/// outside the mutex's view), so atomics.
 #[derive(Debug, Default)]
 pub(super) struct Counts {
     pub(super) worker_runs: AtomicU64,
@@ -78,23 +155,13 @@ pub(super) struct Counts {
     pub(super) reader_direct: AtomicU64,
     pub(super) local_fallbacks: AtomicU64,
     pub(super) cached: AtomicU64,
+    pub(super) retargets: AtomicU64,
 }
 
 impl Resctrl {
     /// The hold statistics of `path`.
     pub fn hold_stats(&self, path: ReadPath) -> HoldStats {
-        let s = &self.shared.stats[path.idx()];
-        let ns = |a: &AtomicU64| Duration::from_nanos(a.load(Ordering::Relaxed));
-        HoldStats {
-            reads: s.reads.load(Ordering::Relaxed),
-            hold_total: ns(&s.hold_ns),
-            hold_max: ns(&s.hold_max_ns),
-            voluntary_switches: s.nvcsw.load(Ordering::Relaxed),
-            off_cpu: ns(&s.off_cpu_ns),
-            non_values: s.non_values.load(Ordering::Relaxed),
-            age_total: ns(&s.age_ns),
-            age_max: ns(&s.age_max_ns),
-        }
+        lock(&self.shared.rdtgroup_mutex).stats[path.idx()].snapshot()
     }
 
     /// How reads were executed.
@@ -106,25 +173,13 @@ impl Resctrl {
             reader_direct: c.reader_direct.load(Ordering::Relaxed),
             local_fallbacks: c.local_fallbacks.load(Ordering::Relaxed),
             cached: c.cached.load(Ordering::Relaxed),
+            retargets: c.retargets.load(Ordering::Relaxed),
         }
     }
 
     /// Zeroes the hold statistics and path counts (not the violations).
     pub fn reset_stats(&self) {
-        for s in &self.shared.stats {
-            for a in [
-                &s.reads,
-                &s.hold_ns,
-                &s.hold_max_ns,
-                &s.nvcsw,
-                &s.off_cpu_ns,
-                &s.non_values,
-                &s.age_ns,
-                &s.age_max_ns,
-            ] {
-                a.store(0, Ordering::Relaxed);
-            }
-        }
+        lock(&self.shared.rdtgroup_mutex).stats = Default::default();
         let c = &self.shared.counts;
         for a in [
             &c.worker_runs,
@@ -132,57 +187,50 @@ impl Resctrl {
             &c.reader_direct,
             &c.local_fallbacks,
             &c.cached,
+            &c.retargets,
         ] {
             a.store(0, Ordering::Relaxed);
         }
     }
 }
 
-/// Measures one `rdtgroup_mutex` hold: wall time, voluntary context switches and thread CPU
-/// time, so that time off-CPU is wall minus CPU.
-pub(super) struct HoldProbe {
-    start: Instant,
+/// What the calling thread has used so far: read once per pass, not per read (each field is
+/// a system call of several hundred nanoseconds).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ThreadUsage {
+    at: Instant,
+    /// Voluntary context switches (`ru_nvcsw` of `getrusage(RUSAGE_THREAD)`).
     nvcsw: i64,
+    /// CPU time (`CLOCK_THREAD_CPUTIME_ID`).
     cpu_ns: u64,
 }
 
-fn thread_nvcsw() -> i64 {
-    // SAFETY: `rusage` is plain data; all-zero bytes are a valid value.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid, writable `rusage`.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    ru.ru_nvcsw
-}
-
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-impl HoldProbe {
-    pub(super) fn start() -> Self {
+impl ThreadUsage {
+    pub(super) fn now() -> Self {
+        // SAFETY: `rusage` is plain data; all-zero bytes are a valid value.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: `ru` is a valid, writable `rusage`.
+        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
         Self {
-            nvcsw: thread_nvcsw(),
-            cpu_ns: thread_cpu_ns(),
-            start: Instant::now(),
+            at: Instant::now(),
+            nvcsw: ru.ru_nvcsw,
+            cpu_ns: ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64,
         }
     }
 
-    pub(super) fn finish(self, stats: &PathStats) {
-        let wall = self.start.elapsed().as_nanos() as u64;
-        let cpu = thread_cpu_ns().saturating_sub(self.cpu_ns);
-        let switches = (thread_nvcsw() - self.nvcsw).max(0) as u64;
-        stats.reads.fetch_add(1, Ordering::Relaxed);
-        stats.hold_ns.fetch_add(wall, Ordering::Relaxed);
-        stats.hold_max_ns.fetch_max(wall, Ordering::Relaxed);
-        stats.nvcsw.fetch_add(switches, Ordering::Relaxed);
-        stats
-            .off_cpu_ns
-            .fetch_add(wall.saturating_sub(cpu), Ordering::Relaxed);
+    /// Since `earlier`: (voluntary context switches, time off-CPU = wall minus CPU time).
+    pub(super) fn since(&self, earlier: &ThreadUsage) -> (u64, Duration) {
+        let wall = self.at.duration_since(earlier.at);
+        let cpu = Duration::from_nanos(self.cpu_ns.saturating_sub(earlier.cpu_ns));
+        (
+            (self.nvcsw - earlier.nvcsw).max(0) as u64,
+            wall.saturating_sub(cpu),
+        )
     }
 }

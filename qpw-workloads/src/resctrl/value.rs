@@ -90,4 +90,7 @@ pub struct MonRead {
     pub rate: Option<u64>,
     /// How old a cached value is.
     pub age: Option<Duration>,
+    /// How long the reader waited, holding `rdtgroup_mutex`, for the worker or the
+    /// interrupted thread that executed the read (`None`: no other thread executed it).
+    pub waited: Option<Duration>,
 }

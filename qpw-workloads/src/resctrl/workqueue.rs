@@ -6,7 +6,10 @@ use qpw_core::sync::Ordering;
 use super::error::ResctrlError;
 use super::event::Event;
 use super::file::MonFile;
+use std::time::Instant;
+
 use super::model::{lock, Resctrl, Shared};
+use super::read::Executed;
 use super::value::{Executor, ReadValue};
 
 #[derive(Debug, Default)]
@@ -20,10 +23,7 @@ pub(super) struct WqRequest {
 
 impl Resctrl {
     /// Path 1: post the read to the housekeeping CPU's worker and sleep until it ran.
-    pub(super) fn smp_call_on_cpu(
-        &self,
-        file: &MonFile,
-    ) -> Result<(ReadValue, Executor), ResctrlError> {
+    pub(super) fn smp_call_on_cpu(&self, file: &MonFile) -> Result<Executed, ResctrlError> {
         let cpu = self.shared.domains[file.domain].housekeeping;
         let seq = {
             let mut req = lock(&self.shared.wq);
@@ -34,9 +34,11 @@ impl Resctrl {
             req.result = None;
             req.seq
         };
+        let posted = Instant::now();
         self.read_work.queue_on(cpu)?;
         self.read_work
             .flush_timeout(cpu, self.shared.call_timeout)?;
+        let waited = Some(posted.elapsed());
         let mut req = lock(&self.shared.wq);
         match req.result.take() {
             Some((s, value, ran_on)) if s == seq => Ok((
@@ -44,8 +46,9 @@ impl Resctrl {
                 Executor::Worker {
                     cpu: ran_on.unwrap_or(cpu),
                 },
+                waited,
             )),
-            _ => Ok((ReadValue::Error, Executor::Worker { cpu })),
+            _ => Ok((ReadValue::Error, Executor::Worker { cpu }, waited)),
         }
     }
 }
