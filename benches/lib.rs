@@ -841,13 +841,33 @@ pub fn resctrl_table(root: &Path) -> String {
     format!("{load}\n\n{}", table.finish())
 }
 
-/// The table of bench 5: messages per second per design and thread count, and each as a ratio
-/// to the global-lock design at the same thread count.
+/// The file, beside criterion's estimates of one pool benchmark, in which the bench records
+/// the pool's counters summed over its runs: `runs contention local_hits remote_returns gets`.
+pub fn pool_stats_path(root: &Path, design: &str, threads: usize) -> PathBuf {
+    root.join(POOL)
+        .join(design)
+        .join(threads.to_string())
+        .join("qpw_pool_stats.txt")
+}
+
+/// The global lock's failed trylocks per run of one pool benchmark, from [`pool_stats_path`].
+fn contention_per_run(root: &Path, design: &str, threads: usize) -> Option<f64> {
+    let text = std::fs::read_to_string(pool_stats_path(root, design, threads)).ok()?;
+    let mut words = text.split_whitespace().map(str::parse::<f64>);
+    let runs = words.next()?.ok()?;
+    let contention = words.next()?.ok()?;
+    (runs > 0.0).then(|| contention / runs)
+}
+
+/// The table of bench 5: messages per second per design and thread count, each as a ratio to
+/// the global-lock design at the same thread count, with the global lock's contention (failed
+/// trylocks on `aa_buffers_lock`) per run beside it.
 pub fn pool_table(root: &Path) -> String {
     let mut headers = vec!["design".to_string()];
     for t in POOL_THREADS {
         headers.push(format!("{t} threads: msg/s"));
         headers.push("÷ global".to_string());
+        headers.push("contention / run".to_string());
     }
     let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
     let mut table = Table::new(&refs);
@@ -861,6 +881,10 @@ pub fn pool_table(root: &Path) -> String {
             let r = rate(design, t);
             row.push(r.map_or_else(|| "not measured".to_string(), |r| format!("{r:.0}")));
             row.push(fmt_ratio(r, rate(POOL_DESIGNS[0], t)));
+            row.push(
+                contention_per_run(root, design, t)
+                    .map_or_else(|| "n/a".to_string(), |c| format!("{c:.0}")),
+            );
         }
         table.row(&row);
     }

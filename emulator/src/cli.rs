@@ -315,6 +315,9 @@ pub struct PoolArgs {
     /// hackbench messages per sender per receiver, 1-100000 (default 200).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub loops: Option<String>,
+    /// What the messages travel through: pipe (default, as in seed 004) or socketpair.
+    #[arg(long, value_name = "KIND", allow_hyphen_values = true)]
+    pub transport: Option<String>,
     /// Print only the table.
     #[arg(short, long)]
     pub quiet: bool,

@@ -280,7 +280,9 @@ struct PoolRunJson {
     threads: usize,
     /// Messages delivered.
     messages: u64,
-    /// Messages whose bytes were wrong (must be 0).
+    /// Hook runs: one get/use/put of a buffer on one CPU per `write` and per `read`.
+    hooks: u64,
+    /// Hook runs whose buffer was used by another hook at the same time (must be 0).
     corrupt: u64,
     /// Wall time in ms.
     elapsed_ms: f64,
@@ -296,8 +298,6 @@ struct PoolRunJson {
     local_hits: u64,
     /// Puts returned to another CPU's pool.
     remote_returns: u64,
-    /// The most buffers in use at once.
-    max_in_use: u64,
     /// Buffers allocated.
     allocated: u64,
     /// Double hand-outs or returns (must be 0).
@@ -313,6 +313,8 @@ struct PoolJson {
     cpus: String,
     /// Whether they were logical.
     logical: bool,
+    /// `pipe` or `socketpair`.
+    transport: String,
     /// One entry per design and thread count.
     runs: Vec<PoolRunJson>,
 }
@@ -328,6 +330,12 @@ fn pool_json(f: &PoolFigures) -> PoolJson {
         tool: "pool".into(),
         cpus: f.cpus.clone(),
         logical: f.logical,
+        transport: f
+            .runs
+            .first()
+            .map_or(pool::Transport::default(), |r| r.transport)
+            .name()
+            .to_string(),
         runs: f
             .runs
             .iter()
@@ -335,6 +343,7 @@ fn pool_json(f: &PoolFigures) -> PoolJson {
                 design: r.design.name().to_string(),
                 threads: r.threads,
                 messages: r.messages,
+                hooks: r.hooks,
                 corrupt: r.corrupt,
                 elapsed_ms: r.elapsed.as_secs_f64() * 1e3,
                 messages_per_sec: r.messages_per_sec,
@@ -345,7 +354,6 @@ fn pool_json(f: &PoolFigures) -> PoolJson {
                 cas_retries: r.stats.cas_retries,
                 local_hits: r.stats.local_hits,
                 remote_returns: r.stats.remote_returns,
-                max_in_use: r.stats.max_in_use,
                 allocated: r.stats.allocated,
                 violations: r.stats.violations,
             })
@@ -359,18 +367,32 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
     if let Some(l) = &args.loops {
         config.loops = validate::int_in("--loops", l, 1, 100_000)? as usize;
     }
+    if let Some(t) = &args.transport {
+        config.transport = match t.as_str() {
+            "pipe" => pool::Transport::Pipe,
+            "socketpair" => pool::Transport::Socketpair,
+            _ => anyhow::bail!("--transport {t}: must be pipe or socketpair"),
+        };
+    }
     let start_time = rt::rt_timestamp();
     if !args.quiet {
         eprintln!(
-            "qpw-emu pool: hackbench ({} fds per group, {} loops) on each design at {:?} groups, \
-             from qpw_workloads::pool::pool_figures",
-            config.fds, config.loops, config.groups
+            "qpw-emu pool: hackbench ({} fds per group, {} loops, {}s, AppArmor's hook on every \
+             read and write) on each design at {:?} groups, from qpw_workloads::pool::pool_figures",
+            config.fds,
+            config.loops,
+            config.transport.name(),
+            config.groups
         );
     }
     let figures = pool::pool_figures(&config).context("pool figures")?;
     let j = pool_json(&figures);
     let mut s = String::new();
-    let _ = writeln!(s, "buffer pools under hackbench; {}", j.cpus);
+    let _ = writeln!(
+        s,
+        "buffer pools under hackbench ({}s, a get/use/put hook per read and write); {}",
+        j.transport, j.cpus
+    );
     let _ = writeln!(
         s,
         "{:<13} {:>7} {:>9} {:>10} {:>12} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9}",
@@ -405,7 +427,7 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
         if r.corrupt > 0 || r.violations > 0 {
             let _ = writeln!(
                 s,
-                "warning: {} corrupt messages, {} ownership violations",
+                "warning: {} hooks saw their buffer used by another, {} ownership violations",
                 r.corrupt, r.violations
             );
         }

@@ -46,8 +46,6 @@ pub struct PoolStats {
     pub remote_returns: u64,
     /// Buffers handed out and not given back now.
     pub in_use: u64,
-    /// The most buffers in use at once.
-    pub max_in_use: u64,
     /// Buffers allocated so far (the memory bound).
     pub allocated: u64,
     /// The most buffers the pool may ever allocate.

@@ -3,10 +3,10 @@
 
 use std::fmt;
 
-use qpw_core::sync::Ordering;
 use qpw_core::{PerCpu, PerCpuGuard, Qpw};
 
 use super::buffer_pool::{Buffer, BufferPool, PoolStats};
+use super::counters::Counter;
 use super::design::Design;
 use super::error::PoolError;
 use super::global::GlobalPool;
@@ -67,10 +67,7 @@ impl CachePool {
         Ok(match self.caches.try_lock_local()? {
             Some(guard) => guard,
             None => {
-                self.global
-                    .slab
-                    .percpu_waits
-                    .fetch_add(1, Ordering::Relaxed);
+                self.global.slab.count(Counter::PercpuWaits);
                 self.caches.lock_local()?
             }
         })
@@ -90,7 +87,7 @@ impl BufferPool for CachePool {
             if let Some(id) = cache.head.pop() {
                 cache.hold = cache.hold.saturating_sub(1);
                 drop(cache);
-                slab.local_hits.fetch_add(1, Ordering::Relaxed);
+                slab.count(Counter::LocalHits);
                 return Ok(Some(slab.take(id)));
             }
         }
@@ -104,7 +101,7 @@ impl BufferPool for CachePool {
                 Ok(buffer)
             }
             None => {
-                slab.contention.fetch_add(1, Ordering::Relaxed);
+                slab.count(Counter::Contention);
                 self.cache()?.update_contention();
                 let list = self.global.list.lock();
                 Ok(self.global.get_locked(list))
@@ -121,7 +118,11 @@ impl BufferPool for CachePool {
             drop(cache);
             // A full cache must go to the global list; otherwise only if the lock is free.
             let list = if full {
-                Some(self.global.list.lock_counted(&slab.contention))
+                Some(
+                    self.global
+                        .list
+                        .lock_counted(|| slab.count(Counter::Contention)),
+                )
             } else {
                 self.global.list.try_lock()
             };
@@ -132,7 +133,7 @@ impl BufferPool for CachePool {
                 return Ok(());
             }
             // Contention on the global list: fall back to the per-CPU cache.
-            slab.contention.fetch_add(1, Ordering::Relaxed);
+            slab.count(Counter::Contention);
             cache = self.cache()?;
             cache.update_contention();
             if cache.head.len() >= MAX_LOCAL_COUNT {

@@ -9,9 +9,9 @@ use super::design::build;
 use super::design::Design;
 #[cfg(not(loom))]
 use super::error::PoolError;
-use super::hackbench::HackbenchReport;
 #[cfg(not(loom))]
 use super::hackbench::{hackbench, HackbenchConfig, HACKBENCH_DATASIZE};
+use super::hackbench::{HackbenchReport, Transport};
 
 /// What to measure with [`pool_figures`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +32,8 @@ pub struct PoolFiguresConfig {
     pub capacity: usize,
     /// Buffers per CPU for design 3 (default 64).
     pub per_cpu: usize,
+    /// Pipes (default) or socketpairs.
+    pub transport: Transport,
 }
 
 impl Default for PoolFiguresConfig {
@@ -45,6 +47,7 @@ impl Default for PoolFiguresConfig {
             buffer_size: 8192,
             capacity: 4096,
             per_cpu: 64,
+            transport: Transport::Pipe,
         }
     }
 }
@@ -85,7 +88,8 @@ pub fn pool_figures(config: &PoolFiguresConfig) -> Result<PoolFigures, PoolError
                     groups,
                     fds: config.fds,
                     loops: config.loops,
-                    datasize: HACKBENCH_DATASIZE.min(config.buffer_size),
+                    datasize: HACKBENCH_DATASIZE,
+                    transport: config.transport,
                 },
             )?;
             if let Err(reason) = pool.check_conservation() {

@@ -2,9 +2,8 @@
 
 use std::fmt;
 
-use qpw_core::sync::Ordering;
-
 use super::buffer_pool::{Buffer, BufferPool, PoolStats};
+use super::counters::Counter;
 use super::design::Design;
 use super::error::{check, PoolError};
 use super::slab::Slab;
@@ -57,11 +56,15 @@ impl GlobalPool {
             return Some(self.slab.take(id));
         }
         // At capacity: dip into the reserve (the patch's `try_again` path).
-        let id = self.list.lock_counted(&self.slab.contention).free.pop();
+        let id = self
+            .list
+            .lock_counted(|| self.slab.count(Counter::Contention))
+            .free
+            .pop();
         match id {
             Some(id) => Some(self.slab.take(id)),
             None => {
-                self.slab.exhausted.fetch_add(1, Ordering::Relaxed);
+                self.slab.count(Counter::Exhausted);
                 None
             }
         }
@@ -74,13 +77,18 @@ impl BufferPool for GlobalPool {
     }
 
     fn get(&self) -> Result<Option<Buffer>, PoolError> {
-        let list = self.list.lock_counted(&self.slab.contention);
+        let list = self
+            .list
+            .lock_counted(|| self.slab.count(Counter::Contention));
         Ok(self.get_locked(list))
     }
 
     fn put(&self, buffer: Buffer) -> Result<(), PoolError> {
         let id = self.slab.give(buffer)?;
-        self.list.lock_counted(&self.slab.contention).free.push(id);
+        self.list
+            .lock_counted(|| self.slab.count(Counter::Contention))
+            .free
+            .push(id);
         Ok(())
     }
 
@@ -102,5 +110,49 @@ impl BufferPool for GlobalPool {
         f: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), PoolError> {
         self.slab.with_bytes(buffer, f)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use qpw_core::sync::{thread, AtomicBool, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_get_or_put_that_finds_the_lock_held_counts_one_contention() {
+        let pool = GlobalPool::new(64, 8).unwrap();
+        // Uncontended: no count.
+        let b = pool.get().unwrap().unwrap();
+        pool.put(b).unwrap();
+        assert_eq!(pool.stats().lock_contention, 0);
+        // Another thread holds aa_buffers_lock: one failed trylock each, then they wait.
+        let held = pool.list.lock();
+        let started = AtomicBool::new(false);
+        thread::scope(|s| {
+            let other = s.spawn(|| {
+                started.store(true, Ordering::Release);
+                let b = pool.get().unwrap().unwrap();
+                pool.put(b)
+            });
+            while !started.load(Ordering::Acquire) {
+                thread::yield_now();
+            }
+            // The get has failed its trylock once it is counted: keep the lock until then (or
+            // for long enough that a get which does not count has surely tried).
+            let since = std::time::Instant::now();
+            while pool.stats().lock_contention == 0 && since.elapsed().as_secs() < 5 {
+                thread::yield_now();
+            }
+            drop(held);
+            other.join().unwrap().unwrap();
+        });
+        let s = pool.stats();
+        assert_eq!(
+            s.lock_contention, 1,
+            "the get's failed trylock, not the free put's"
+        );
+        assert_eq!((s.gets, s.puts), (2, 2));
+        pool.check_conservation().unwrap();
     }
 }

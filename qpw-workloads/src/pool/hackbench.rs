@@ -1,30 +1,66 @@
-//! The hackbench-style load (`perf bench sched messaging`, threads mode).
+//! The hackbench load (`perf bench sched messaging`, threads mode), with AppArmor's hook on
+//! every send and every receive.
+//!
+//! `groups` groups of `fds` senders and `fds` receivers; each receiver has its own pipe (or
+//! socketpair), and every sender of a group writes `loops` messages of [`HACKBENCH_DATASIZE`]
+//! bytes to every receiver of the group, which reads them all: the kernel's part of each
+//! message is a `write` and a `read`, with the wake-ups that blocking on a full or empty pipe
+//! brings. As under AppArmor, each of those system calls runs the file-permission hook first
+//! ([`hook::file_permission`](super::hook)), which gets a pool buffer, uses it and puts it back
+//! on the same CPU: the pool sees two get/put pairs per message, each within one hook on one
+//! CPU, and never a buffer held across a message's flight (an earlier version of this load
+//! carried each buffer from the sender's get to the receiver's put through a
+//! mutex-and-condvar mailbox, whose futex wake-up per message cost far more than the pool).
+//!
+//! The threads are bound round-robin to the instance's CPUs, both roles spread over every CPU,
+//! so that each CPU's pool or cache serves senders and receivers alike.
 
 use std::time::Duration;
 
 #[cfg(not(loom))]
-use qpw_core::sync::{
-    thread, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering,
-};
+use std::io::{Read, Write};
+
+#[cfg(not(loom))]
+use qpw_core::sync::{thread, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 use qpw_core::Qpw;
 
-use super::buffer_pool::PoolStats;
 #[cfg(not(loom))]
-use super::buffer_pool::{Buffer, BufferPool};
+use super::buffer_pool::BufferPool;
+use super::buffer_pool::PoolStats;
 use super::design::Design;
 #[cfg(not(loom))]
 use super::error::{check, PoolError};
+#[cfg(not(loom))]
+use super::hook::file_permission;
+#[cfg(not(loom))]
+use super::transport::Channel;
 
 /// hackbench's message size (`DATASIZE`, bytes).
 pub const HACKBENCH_DATASIZE: usize = 100;
-/// Messages a receiver's pipe holds before its senders block, as a pipe's writer blocks when
-/// the pipe is full: it bounds the buffers in flight to `receivers x 32` plus one per sender.
-pub const HACKBENCH_PIPE_MESSAGES: usize = 32;
 
-/// The hackbench-style load (`perf bench sched messaging`, threads mode): `groups` groups of
-/// `fds` senders and `fds` receivers; every sender sends `loops` messages to every receiver of
-/// its group, and each message holds a pool buffer from the sender's get to the receiver's put.
+/// What the messages travel through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Transport {
+    /// A pipe per receiver (`perf bench sched messaging --pipe`, `hackbench -p`): seed 004's
+    /// profile shows `pipe_read` and `pipe_write`.
+    #[default]
+    Pipe,
+    /// A `AF_UNIX` `SOCK_STREAM` socketpair per receiver (hackbench's default).
+    Socketpair,
+}
+
+impl Transport {
+    /// The transport's name as the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Transport::Pipe => "pipe",
+            Transport::Socketpair => "socketpair",
+        }
+    }
+}
+
+/// One hackbench run's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HackbenchConfig {
     /// Groups (1-64; hackbench's `-g`).
@@ -33,9 +69,10 @@ pub struct HackbenchConfig {
     pub fds: usize,
     /// Messages per sender per receiver (1-100000; hackbench's `-l`).
     pub loops: usize,
-    /// Bytes written into each message's buffer (1 to the buffer size;
-    /// [`HACKBENCH_DATASIZE`]).
+    /// Bytes per message (1-4096; [`HACKBENCH_DATASIZE`]).
     pub datasize: usize,
+    /// Pipes or socketpairs.
+    pub transport: Transport,
 }
 
 impl Default for HackbenchConfig {
@@ -45,6 +82,7 @@ impl Default for HackbenchConfig {
             fds: 4,
             loops: 100,
             datasize: HACKBENCH_DATASIZE,
+            transport: Transport::Pipe,
         }
     }
 }
@@ -59,6 +97,11 @@ impl HackbenchConfig {
     pub fn messages(&self) -> u64 {
         (self.groups * self.fds * self.fds * self.loops) as u64
     }
+
+    /// Hook runs in all: one per message sent and one per message received.
+    pub fn hooks(&self) -> u64 {
+        2 * self.messages()
+    }
 }
 
 /// What one hackbench run did.
@@ -66,13 +109,18 @@ impl HackbenchConfig {
 pub struct HackbenchReport {
     /// The pool's design.
     pub design: Design,
+    /// The transport.
+    pub transport: Transport,
     /// Sender and receiver threads.
     pub threads: usize,
     /// Messages delivered.
     pub messages: u64,
-    /// Messages whose bytes were not what their sender wrote (a buffer owned twice).
+    /// Hook runs (each a get, a use and a put of one buffer on one CPU).
+    pub hooks: u64,
+    /// Hook runs whose buffer did not read back what the hook wrote (a buffer handed out to
+    /// two hooks at once).
     pub corrupt: u64,
-    /// Wall time from the start barrier to the last receiver's end.
+    /// Wall time from the start barrier to the last thread's end.
     pub elapsed: Duration,
     /// Messages per second.
     pub messages_per_sec: f64,
@@ -80,34 +128,13 @@ pub struct HackbenchReport {
     pub stats: PoolStats,
 }
 
+/// What one thread holds: a sender its own write ends of every channel of its group, a
+/// receiver the read end of its own channel (index `k` within the group).
 #[cfg(not(loom))]
-/// One receiver's mailbox (the pipe).
-#[derive(Debug, Default)]
-struct Mailbox {
-    queue: Mutex<std::collections::VecDeque<(u64, Buffer)>>,
-    ready: Condvar,
-    space: Condvar,
-}
-
-#[cfg(not(loom))]
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-#[cfg(not(loom))]
-/// The stamp a sender writes: its id and the message's sequence number, repeated.
-fn stamp(tag: u64, bytes: &mut [u8]) {
-    for (i, b) in bytes.iter_mut().enumerate() {
-        *b = (tag >> ((i % 8) * 8)) as u8 ^ i as u8;
-    }
-}
-
-#[cfg(not(loom))]
-fn stamped(tag: u64, bytes: &[u8]) -> bool {
-    bytes
-        .iter()
-        .enumerate()
-        .all(|(i, &b)| b == (tag >> ((i % 8) * 8)) as u8 ^ i as u8)
+#[derive(Debug)]
+enum Ends {
+    Sender(Vec<std::fs::File>),
+    Receiver { k: usize, pipe: std::fs::File },
 }
 
 #[cfg(not(loom))]
@@ -120,88 +147,89 @@ pub fn hackbench(
     check("groups", config.groups, 1, 64)?;
     check("fds", config.fds, 1, 40)?;
     check("loops", config.loops, 1, 100_000)?;
-    check("datasize", config.datasize, 1, 1 << 20)?;
+    check("datasize", config.datasize, 1, 4096)?;
+    let io = |what: &'static str| {
+        move |e: std::io::Error| PoolError::Thread {
+            what,
+            reason: e.to_string(),
+        }
+    };
     let cpus: Vec<usize> = qpw.cpus().iter().collect();
-    let mailboxes: Vec<Mailbox> = (0..config.groups * config.fds)
-        .map(|_| Mailbox::default())
-        .collect();
+    let mut channels = (0..config.groups * config.fds)
+        .map(|_| Channel::new(config.transport))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(io("pipe or socketpair"))?;
+    let threads = config.threads();
+    // Thread t: group t / (2 fds); even t send, odd t receive; sender k and receiver k on
+    // neighbouring CPUs, as the scheduler spreads hackbench's tasks. Every sender takes its
+    // own write ends first, then the channels' own are closed.
+    let mut placement = Vec::with_capacity(threads);
+    for t in 0..threads {
+        let (first, k) = ((t / (2 * config.fds)) * config.fds, (t / 2) % config.fds);
+        let ends = if t % 2 == 0 {
+            let group = &channels[first..first + config.fds];
+            Ends::Sender(
+                group
+                    .iter()
+                    .map(Channel::writer)
+                    .collect::<Result<_, _>>()
+                    .map_err(io("dup"))?,
+            )
+        } else {
+            let pipe = channels[first + k].take_reader().map_err(io("read end"))?;
+            Ends::Receiver { k, pipe }
+        };
+        placement.push((cpus[(t + t / 2) % cpus.len()], first, ends));
+    }
+    channels.iter_mut().for_each(Channel::close_writer);
+
     let corrupt = AtomicU64::new(0);
     let start_line = AtomicUsize::new(0);
     let go = AtomicBool::new(false);
-    let threads = config.threads();
     let per_receiver = config.fds * config.loops;
+    let channels = &channels;
 
     let elapsed = thread::scope(|scope| -> Result<Duration, PoolError> {
         let mut handles = Vec::with_capacity(threads);
-        for t in 0..threads {
-            // Spread both roles over every CPU (sender k and receiver k on neighbouring
-            // CPUs), as the scheduler spreads hackbench's tasks, so that each CPU both gets
-            // and puts buffers.
-            let cpu = cpus[(t + t / 2) % cpus.len()];
-            let (mailboxes, corrupt, start_line, go) = (&mailboxes, &corrupt, &start_line, &go);
-            let (group, role, k) = (t / (2 * config.fds), t % 2, (t / 2) % config.fds);
+        for (cpu, first, ends) in placement {
+            let (corrupt, start_line, go) = (&corrupt, &start_line, &go);
             handles.push(scope.spawn(move || -> Result<(), PoolError> {
                 let _bound = qpw.bind_current(cpu)?;
                 start_line.fetch_add(1, Ordering::AcqRel);
                 while !go.load(Ordering::Acquire) {
                     thread::yield_now();
                 }
-                let first = group * config.fds;
-                if role == 0 {
-                    // A sender: `loops` messages to every receiver of the group.
-                    let sender = (group * config.fds + k) as u64;
-                    for seq in 0..config.loops as u64 {
-                        for r in 0..config.fds {
-                            let mut buffer = loop {
-                                match pool.get()? {
-                                    Some(b) => break b,
-                                    // Every buffer is in flight: let a receiver run.
-                                    None => thread::yield_now(),
-                                }
-                            };
-                            let tag = sender << 32 | seq << 8 | r as u64;
-                            pool.with_bytes(&mut buffer, &mut |b| {
-                                let n = config.datasize.min(b.len());
-                                stamp(tag, &mut b[..n])
-                            })?;
-                            // Write into the pipe, blocking while it is full.
-                            let mailbox = &mailboxes[first + r];
-                            let mut queue = lock(&mailbox.queue);
-                            while queue.len() >= HACKBENCH_PIPE_MESSAGES {
-                                queue =
-                                    mailbox.space.wait(queue).unwrap_or_else(|e| e.into_inner());
+                let message = [0x5a_u8; 4096];
+                let message = &message[..config.datasize];
+                let mut damaged = 0;
+                match &ends {
+                    Ends::Sender(out) => {
+                        for _ in 0..config.loops {
+                            for (r, mut pipe) in out.iter().enumerate() {
+                                // write(2): the file-permission hook, then the write.
+                                let name = &channels[first + r].writer_name;
+                                damaged += u64::from(!file_permission(pool, name)?);
+                                pipe.write_all(message).map_err(io("write"))?;
                             }
-                            queue.push_back((tag, buffer));
-                            drop(queue);
-                            mailbox.ready.notify_one();
                         }
                     }
-                } else {
-                    // A receiver: check and free every message.
-                    let mailbox = &mailboxes[first + k];
-                    for _ in 0..per_receiver {
-                        let (tag, mut buffer) = {
-                            let mut queue = lock(&mailbox.queue);
-                            loop {
-                                if let Some(m) = queue.pop_front() {
-                                    mailbox.space.notify_one();
-                                    break m;
-                                }
-                                queue =
-                                    mailbox.ready.wait(queue).unwrap_or_else(|e| e.into_inner());
-                            }
-                        };
-                        let mut ok = true;
-                        pool.with_bytes(&mut buffer, &mut |b| {
-                            let n = config.datasize.min(b.len());
-                            ok = stamped(tag, &b[..n])
-                        })?;
-                        if !ok {
-                            corrupt.fetch_add(1, Ordering::Relaxed);
+                    Ends::Receiver { k, pipe } => {
+                        let name = &channels[first + *k].reader_name;
+                        let mut pipe = pipe;
+                        let mut into = [0u8; 4096];
+                        for _ in 0..per_receiver {
+                            // read(2): the file-permission hook, then the read.
+                            damaged += u64::from(!file_permission(pool, name)?);
+                            pipe.read_exact(&mut into[..config.datasize])
+                                .map_err(io("read"))?;
                         }
-                        pool.put(buffer)?;
                     }
                 }
+                corrupt.fetch_add(damaged, Ordering::Relaxed);
+                // The thread's ends close with it, done or failed: a receiver sees
+                // end-of-file once every sender of its group is gone, a sender `EPIPE` once
+                // its receiver is.
+                drop(ends);
                 Ok(())
             }));
         }
@@ -234,24 +262,13 @@ pub fn hackbench(
     let messages = config.messages();
     Ok(HackbenchReport {
         design: pool.design(),
+        transport: config.transport,
         threads,
         messages,
+        hooks: config.hooks(),
         corrupt: corrupt.load(Ordering::Relaxed),
         elapsed,
         messages_per_sec: messages as f64 / elapsed.as_secs_f64().max(1e-9),
         stats: pool.stats(),
     })
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stamps_detect_a_foreign_writer() {
-        let mut bytes = [0u8; 100];
-        stamp(7 << 32 | 5, &mut bytes);
-        assert!(stamped(7 << 32 | 5, &bytes));
-        assert!(!stamped(8 << 32 | 5, &bytes));
-    }
 }

@@ -6,6 +6,7 @@ use qpw_core::sync::{AtomicUsize, Ordering};
 use qpw_core::{PerCpu, PerCpuGuard, Qpw};
 
 use super::buffer_pool::{Buffer, BufferPool, PoolStats};
+use super::counters::Counter;
 use super::design::Design;
 use super::error::{check, PoolError};
 use super::slab::Slab;
@@ -105,7 +106,7 @@ impl PerCpuPools {
             {
                 Ok(_) => return,
                 Err(now) => {
-                    self.slab.cas_retries.fetch_add(1, Ordering::Relaxed);
+                    self.slab.count(Counter::CasRetries);
                     old = now;
                 }
             }
@@ -116,7 +117,7 @@ impl PerCpuPools {
         Ok(match self.local.try_lock_local()? {
             Some(guard) => guard,
             None => {
-                self.slab.percpu_waits.fetch_add(1, Ordering::Relaxed);
+                self.slab.count(Counter::PercpuWaits);
                 self.local.lock_local()?
             }
         })
@@ -138,11 +139,11 @@ impl BufferPool for PerCpuPools {
         match list.pop() {
             Some(id) => {
                 drop(list);
-                self.slab.local_hits.fetch_add(1, Ordering::Relaxed);
+                self.slab.count(Counter::LocalHits);
                 Ok(Some(self.slab.take(id)))
             }
             None => {
-                self.slab.exhausted.fetch_add(1, Ordering::Relaxed);
+                self.slab.count(Counter::Exhausted);
                 Ok(None)
             }
         }
@@ -158,7 +159,7 @@ impl BufferPool for PerCpuPools {
         }
         drop(list);
         // Freed on another CPU: back to the owner, lock-free.
-        self.slab.remote_returns.fetch_add(1, Ordering::Relaxed);
+        self.slab.count(Counter::RemoteReturns);
         self.push_return(home, id);
         Ok(())
     }

@@ -1,31 +1,32 @@
 //! The buffers of one pool, their owner flags and the pool's counters.
+//!
+//! Each buffer's owner flag sits with its bytes in a slot of its own cache lines: a packed
+//! array of flags would make two CPUs that use two different buffers share a line.
 
 use std::fmt;
 
-use qpw_core::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, UnsafeCell};
+use qpw_core::sync::{AtomicBool, AtomicUsize, Ordering, UnsafeCell};
 
 use super::buffer_pool::{Buffer, PoolStats};
+use super::counters::{Counter, Counters};
 use super::design::Design;
 use super::error::PoolError;
 
-/// The buffers of one pool, handed out as [`Buffer`] tokens.
+/// One buffer: its owner flag and its bytes, alone on their cache lines, so that two CPUs
+/// using two buffers never share a line.
+#[repr(align(128))]
+struct Slot {
+    owned: AtomicBool,
+    bytes: UnsafeCell<Vec<u8>>,
+}
+
+/// The buffers of one pool, handed out as [`Buffer`] tokens, and the pool's counters.
 pub(super) struct Slab {
-    pub(super) id: u64,
-    pub(super) size: usize,
-    pub(super) data: Box<[UnsafeCell<Vec<u8>>]>,
-    pub(super) owned: Box<[AtomicBool]>,
-    pub(super) next: AtomicUsize,
-    pub(super) gets: AtomicU64,
-    pub(super) puts: AtomicU64,
-    pub(super) in_use: AtomicU64,
-    pub(super) max_in_use: AtomicU64,
-    pub(super) violations: AtomicU64,
-    pub(super) exhausted: AtomicU64,
-    pub(super) contention: AtomicU64,
-    pub(super) percpu_waits: AtomicU64,
-    pub(super) cas_retries: AtomicU64,
-    pub(super) local_hits: AtomicU64,
-    pub(super) remote_returns: AtomicU64,
+    id: u64,
+    size: usize,
+    slots: Box<[Slot]>,
+    next: AtomicUsize,
+    pub(super) counters: Counters,
 }
 
 // SAFETY: a buffer's bytes are reached only through `with_bytes`, which needs `&mut Buffer`,
@@ -39,7 +40,7 @@ impl fmt::Debug for Slab {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Slab")
             .field("size", &self.size)
-            .field("capacity", &self.data.len())
+            .field("capacity", &self.slots.len())
             .field("allocated", &self.allocated())
             .finish_non_exhaustive()
     }
@@ -56,34 +57,32 @@ impl Slab {
         Self {
             id: next_pool_id(),
             size,
-            data: (0..capacity).map(|_| UnsafeCell::new(Vec::new())).collect(),
-            owned: (0..capacity).map(|_| AtomicBool::new(false)).collect(),
+            slots: (0..capacity)
+                .map(|_| Slot {
+                    owned: AtomicBool::new(false),
+                    bytes: UnsafeCell::new(Vec::new()),
+                })
+                .collect(),
             next: AtomicUsize::new(0),
-            gets: AtomicU64::new(0),
-            puts: AtomicU64::new(0),
-            in_use: AtomicU64::new(0),
-            max_in_use: AtomicU64::new(0),
-            violations: AtomicU64::new(0),
-            exhausted: AtomicU64::new(0),
-            contention: AtomicU64::new(0),
-            percpu_waits: AtomicU64::new(0),
-            cas_retries: AtomicU64::new(0),
-            local_hits: AtomicU64::new(0),
-            remote_returns: AtomicU64::new(0),
+            counters: Counters::new(),
         }
     }
 
     pub(super) fn allocated(&self) -> usize {
-        self.next.load(Ordering::Relaxed).min(self.data.len())
+        self.next.load(Ordering::Relaxed).min(self.slots.len())
+    }
+
+    /// Counts one `counter` on the calling thread's CPU.
+    #[inline]
+    pub(super) fn count(&self, counter: Counter) {
+        self.counters.add(counter);
     }
 
     /// A new buffer (`kmalloc`), or `None` at capacity.
     pub(super) fn alloc(&self) -> Option<u32> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        if id >= self.data.len() {
-            return None;
-        }
-        let ptr = self.data[id].get_mut();
+        let slot = self.slots.get(id)?;
+        let ptr = slot.bytes.get_mut();
         // SAFETY: `id` was just minted by the `fetch_add` above, so no token, list or other
         // thread knows it yet: this is the only access.
         unsafe { ptr.deref() }.resize(self.size, 0);
@@ -91,26 +90,29 @@ impl Slab {
     }
 
     /// Hands `id` out as a token.
+    #[inline]
     pub(super) fn take(&self, id: u32) -> Buffer {
-        if self.owned[id as usize].swap(true, Ordering::Acquire) {
-            self.violations.fetch_add(1, Ordering::Relaxed);
+        if self.slots[id as usize].owned.swap(true, Ordering::Acquire) {
+            self.count(Counter::Violations);
         }
-        self.gets.fetch_add(1, Ordering::Relaxed);
-        let now = self.in_use.fetch_add(1, Ordering::Relaxed) + 1;
-        self.max_in_use.fetch_max(now, Ordering::Relaxed);
+        self.count(Counter::Gets);
         Buffer { id, pool: self.id }
     }
 
     /// Takes a token back; its id goes to a list.
+    #[inline]
     pub(super) fn give(&self, buffer: Buffer) -> Result<u32, PoolError> {
-        if buffer.pool != self.id || buffer.id as usize >= self.data.len() {
+        let Some(slot) = self
+            .slots
+            .get(buffer.id as usize)
+            .filter(|_| buffer.pool == self.id)
+        else {
             return Err(PoolError::ForeignBuffer { id: buffer.id });
+        };
+        if !slot.owned.swap(false, Ordering::Release) {
+            self.count(Counter::Violations);
         }
-        if !self.owned[buffer.id as usize].swap(false, Ordering::Release) {
-            self.violations.fetch_add(1, Ordering::Relaxed);
-        }
-        self.puts.fetch_add(1, Ordering::Relaxed);
-        self.in_use.fetch_sub(1, Ordering::Relaxed);
+        self.count(Counter::Puts);
         Ok(buffer.id)
     }
 
@@ -119,10 +121,14 @@ impl Slab {
         buffer: &mut Buffer,
         f: &mut dyn FnMut(&mut [u8]),
     ) -> Result<(), PoolError> {
-        if buffer.pool != self.id || buffer.id as usize >= self.data.len() {
+        let Some(slot) = self
+            .slots
+            .get(buffer.id as usize)
+            .filter(|_| buffer.pool == self.id)
+        else {
             return Err(PoolError::ForeignBuffer { id: buffer.id });
-        }
-        let ptr = self.data[buffer.id as usize].get_mut();
+        };
+        let ptr = slot.bytes.get_mut();
         // SAFETY: the token is unique for its id and mutably borrowed for this call, so no
         // other access to these bytes exists until `f` returns.
         f(unsafe { ptr.deref() });
@@ -130,23 +136,23 @@ impl Slab {
     }
 
     pub(super) fn stats(&self, design: Design) -> PoolStats {
-        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let c = |counter| self.counters.total(counter);
+        let (gets, puts) = (c(Counter::Gets), c(Counter::Puts));
         PoolStats {
             design,
-            gets: l(&self.gets),
-            puts: l(&self.puts),
-            exhausted: l(&self.exhausted),
-            lock_contention: l(&self.contention),
-            percpu_lock_waits: l(&self.percpu_waits),
-            cas_retries: l(&self.cas_retries),
-            local_hits: l(&self.local_hits),
-            remote_returns: l(&self.remote_returns),
-            in_use: l(&self.in_use),
-            max_in_use: l(&self.max_in_use),
+            gets,
+            puts,
+            exhausted: c(Counter::Exhausted),
+            lock_contention: c(Counter::Contention),
+            percpu_lock_waits: c(Counter::PercpuWaits),
+            cas_retries: c(Counter::CasRetries),
+            local_hits: c(Counter::LocalHits),
+            remote_returns: c(Counter::RemoteReturns),
+            in_use: gets.saturating_sub(puts),
             allocated: self.allocated() as u64,
-            capacity: self.data.len() as u64,
+            capacity: self.slots.len() as u64,
             buffer_size: self.size as u64,
-            violations: l(&self.violations),
+            violations: c(Counter::Violations),
         }
     }
 
@@ -169,7 +175,7 @@ impl Slab {
             }
         }
         if let Some(id) = seen.iter().position(Option::is_none) {
-            let owned = self.owned[id].load(Ordering::Relaxed);
+            let owned = self.slots[id].owned.load(Ordering::Relaxed);
             return Err(format!(
                 "buffer {id} is lost: in no list ({})",
                 if owned {
@@ -179,7 +185,7 @@ impl Slab {
                 }
             ));
         }
-        let violations = self.violations.load(Ordering::Relaxed);
+        let violations = self.counters.total(Counter::Violations);
         if violations != 0 {
             return Err(format!("{violations} double hand-outs or double returns"));
         }

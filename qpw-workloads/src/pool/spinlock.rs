@@ -4,7 +4,7 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 
-use qpw_core::sync::{thread, AtomicBool, AtomicU64, MutPtr, Ordering, UnsafeCell};
+use qpw_core::sync::{thread, AtomicBool, MutPtr, Ordering, UnsafeCell};
 
 /// `aa_buffers_lock`: a spinlock whose waiters yield after a short spin (a waiter may share
 /// its CPU with the preempted holder). Counts failed first attempts as contention.
@@ -54,12 +54,13 @@ impl<T> SpinLock<T> {
         }
     }
 
-    /// `spin_lock`, counting a failed first attempt as contention.
-    pub(super) fn lock_counted(&self, contention: &AtomicU64) -> SpinGuard<'_, T> {
+    /// `spin_lock`, calling `contended` when the first attempt fails.
+    #[inline]
+    pub(super) fn lock_counted(&self, contended: impl FnOnce()) -> SpinGuard<'_, T> {
         match self.try_lock() {
             Some(guard) => guard,
             None => {
-                contention.fetch_add(1, Ordering::Relaxed);
+                contended();
                 self.lock()
             }
         }
@@ -112,12 +113,28 @@ mod tests {
     #[test]
     fn spinlock_counts_only_failed_first_attempts() {
         let lock = SpinLock::new(0u32);
-        let contention = AtomicU64::new(0);
-        *lock.lock_counted(&contention) += 1;
-        assert_eq!(contention.load(Ordering::Relaxed), 0);
+        let mut contended = 0;
+        *lock.lock_counted(|| contended += 1) += 1;
+        assert_eq!(contended, 0);
         let held = lock.try_lock().unwrap();
         assert!(lock.try_lock().is_none());
-        drop(held);
-        assert_eq!(*lock.lock(), 1);
+        // A second thread finds it held: one count, then it waits for the release.
+        let waiting = AtomicBool::new(false);
+        thread::scope(|s| {
+            let other = s.spawn(|| {
+                let mut contended = 0;
+                *lock.lock_counted(|| {
+                    contended += 1;
+                    waiting.store(true, Ordering::Release);
+                }) += 1;
+                contended
+            });
+            while !waiting.load(Ordering::Acquire) {
+                thread::yield_now();
+            }
+            drop(held);
+            assert_eq!(other.join().unwrap(), 1);
+        });
+        assert_eq!(*lock.lock(), 2);
     }
 }
