@@ -64,6 +64,15 @@ pub struct Config {
     /// How long an interrupt may wait to be claimed by the thread it was sent to before it is
     /// sent to the thread running on the CPU now (default [`RETARGET_AFTER`]).
     pub retarget_after: Duration,
+    /// Assignable counters per domain (1-1024: `mbm_event` mode, AMD's ABMC has
+    /// [`ABMC_COUNTERS`](super::ABMC_COUNTERS)), or `None` (the default: every event of every group is counted).
+    /// See [`Resctrl::assign`](super::Resctrl::assign).
+    pub assignable_counters: Option<u32>,
+    /// The CPUs to treat as `nohz_full` (`None`: the machine's, `/sys/devices/system/cpu/nohz_full`,
+    /// for a topology or physical layout; none for an emulated one). A domain's housekeeping
+    /// CPU is its first CPU not in the set; a domain all of whose CPUs are in it is read by
+    /// the interrupt (`smp_call_function_any`) on every path that would queue to a worker.
+    pub nohz_full: Option<CpuSet>,
     /// How many times an interrupt is re-sent so before the reader just waits for it (default
     /// [`RETARGETS`]).
     pub retargets: u32,
@@ -84,6 +93,8 @@ impl Default for Config {
             traffic_tick: Duration::from_millis(10),
             read_path: ReadPath::Workqueue,
             call_timeout: Duration::from_secs(10),
+            assignable_counters: None,
+            nohz_full: None,
             retarget_after: RETARGET_AFTER,
             retargets: RETARGETS,
         }

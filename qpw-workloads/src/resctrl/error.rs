@@ -114,6 +114,44 @@ pub enum ResctrlError {
     /// The interrupt path failed (no target, a timeout).
     #[error(transparent)]
     CrossCall(#[from] CrossCallError),
+    /// An assignable-counter count out of range.
+    #[error("{counters} assignable counters per domain: the legal range is 1-1024")]
+    AssignableCounters {
+        /// The count given.
+        counters: u32,
+    },
+    /// Counter assignment asked of a model that counts every event (not `mbm_event` mode).
+    #[error(
+        "counters are not assignable: the model counts every event (set \
+         `Config::assignable_counters` for mbm_event mode)"
+    )]
+    NoAssignableCounters,
+    /// Counter assignment asked for an event that has no assignable counter.
+    #[error("`{event}` has no assignable counter: only mbm_total_bytes and mbm_local_bytes do")]
+    NotAssignable {
+        /// The event.
+        event: super::Event,
+    },
+    /// Every counter of the domain is assigned.
+    #[error("no free counter in domain {domain}: all {max} are assigned (unassign one first)")]
+    NoFreeCounter {
+        /// The domain.
+        domain: usize,
+        /// Its counters.
+        max: usize,
+    },
+    /// A thread that must run on one CPU could not pin itself there.
+    #[error("the {what} of cpu {cpu} could not pin itself to physical cpu {phys}: {reason}")]
+    Pin {
+        /// Which thread.
+        what: &'static str,
+        /// The CPU of the model it runs for.
+        cpu: usize,
+        /// The physical CPU it had to run on.
+        phys: usize,
+        /// The system's answer.
+        reason: String,
+    },
     /// Too many threads registered for one CPU.
     #[error(
         "cpu {cpu} has {max} threads registered for the interrupt path already: the most is {max}"

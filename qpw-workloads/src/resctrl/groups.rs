@@ -2,7 +2,9 @@
 
 use qpw_core::sync::Ordering;
 
+use super::abmc::CounterTable;
 use super::error::ResctrlError;
+use super::file::MonFile;
 use super::model::{lock, Resctrl};
 use super::stats::PathStats;
 
@@ -21,6 +23,19 @@ pub(super) struct RdtState {
     /// Each read path's record (index: [`ReadPath`](super::ReadPath) order), kept under the
     /// mutex whose hold it measures, so that recording a read needs no atomics.
     pub(super) stats: [PathStats; 4],
+    /// The assignable counters' table (`mbm_event` mode), or `None`.
+    pub(super) counters: Option<CounterTable>,
+}
+
+impl RdtState {
+    /// Whether `file`'s group still exists (the one it was opened on, not a later group on the
+    /// same RMID).
+    pub(super) fn alive(&self, file: &MonFile) -> bool {
+        self.groups
+            .get(file.rmid as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|g| g.generation == file.generation)
+    }
 }
 
 impl Resctrl {
@@ -50,6 +65,7 @@ impl Resctrl {
         });
         let rmid = rmid as u32;
         self.shared.hw.reset_rmid(rmid);
+        self.assign_on_mkdir(&mut state, rmid);
         self.shared.hw.active[rmid as usize].store(true, Ordering::Release);
         Ok(rmid)
     }
@@ -68,6 +84,7 @@ impl Resctrl {
                 name: name.to_string(),
             })?;
         state.groups[rmid] = None;
+        self.release_on_rmdir(&mut state, rmid as u32);
         self.shared.hw.active[rmid].store(false, Ordering::Release);
         Ok(())
     }

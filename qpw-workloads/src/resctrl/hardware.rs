@@ -20,9 +20,10 @@ pub(super) struct Hardware {
     pub(super) nr_rmids: usize,
     pub(super) width: u32,
     pub(super) scale: u64,
-    pub(super) logical: bool,
     /// CPU -> domain (`usize::MAX`: none).
     pub(super) domain_of: Vec<usize>,
+    /// CPU -> the physical CPU its threads run on (itself, unless the CPUs are logical).
+    pub(super) phys_of: Vec<usize>,
     /// What the hardware has counted, in bytes, never truncated (occupancy: the level).
     pub(super) truth: Box<[AtomicU64]>,
     /// `arch_mbm_state::prev_msr`.
@@ -46,6 +47,26 @@ pub(super) fn atomics(n: usize) -> Box<[AtomicU64]> {
 
 pub(super) fn flags(n: usize) -> Box<[AtomicBool]> {
     (0..n).map(|_| AtomicBool::new(false)).collect()
+}
+
+/// Where a read executes: the CPU of the model it executes for (the reader's binding, the
+/// worker's CPU, the CPU an interrupted thread is registered for) and the physical CPU the
+/// executing thread runs on at that moment (`sched_getcpu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Executing {
+    pub(super) cpu: usize,
+    pub(super) phys: Option<usize>,
+}
+
+impl Executing {
+    /// For `cpu`, on the physical CPU the calling thread runs on now.
+    #[inline]
+    pub(super) fn now(cpu: usize) -> Self {
+        Self {
+            cpu,
+            phys: qpw_core::current_cpu(),
+        }
+    }
 }
 
 /// `mbm_overflow_count`: chunks counted between two reads of a `width`-bit counter, assuming
@@ -73,19 +94,33 @@ impl Hardware {
         self.epoch.elapsed().as_nanos() as u64
     }
 
-    /// `resctrl_arch_rmid_read`, executed on `on_cpu`. Async-signal-safe (atomics only): the
+    /// The hardware rule: whether a read executing at `on` reaches `domain`'s counters. The
+    /// MSRs of a CPU reach only its own domain's counters, and the CPU is the one the thread
+    /// runs on at the moment of the read: a thread bound to (or registered for, or working
+    /// for) a CPU of the domain but running on another physical CPU reads another domain's
+    /// counters. Under loom no thread runs anywhere, and only the first half is checked.
+    #[inline]
+    fn reaches(&self, on: Option<Executing>, domain: usize) -> bool {
+        let Some(on) = on else {
+            return false;
+        };
+        let in_domain = self.domain_of.get(on.cpu) == Some(&domain);
+        let on_its_cpu =
+            cfg!(loom) || on.phys.is_some() && on.phys == self.phys_of.get(on.cpu).copied();
+        in_domain && on_its_cpu
+    }
+
+    /// `resctrl_arch_rmid_read`, executed at `on`. Async-signal-safe (atomics only): the
     /// interrupt path's handler calls it. The caller holds `rdtgroup_mutex` or is a handler a
     /// holder waits for.
     pub(super) fn rmid_read(
         &self,
-        on_cpu: Option<usize>,
+        on: Option<Executing>,
         domain: usize,
         rmid: u32,
         event: Event,
     ) -> ReadValue {
-        // The hardware rule: the MSRs of this CPU reach only its own domain's counters.
-        let here = on_cpu.and_then(|c| self.domain_of.get(c).copied());
-        if here != Some(domain) {
+        if !self.reaches(on, domain) {
             self.violations.fetch_add(1, Ordering::Relaxed);
             return ReadValue::Error;
         }
@@ -93,7 +128,7 @@ impl Hardware {
             return ReadValue::Error;
         }
         let i = self.idx(domain, rmid, event);
-        if self.unassigned[i].load(Ordering::Relaxed) {
+        if self.unassigned[i].load(Ordering::Acquire) {
             return ReadValue::Unassigned;
         }
         if self.unavailable[i].load(Ordering::Relaxed) {
@@ -113,25 +148,31 @@ impl Hardware {
     }
 
     /// `resctrl_arch_reset_rmid` for every event of `rmid` in every domain (see the module
-    /// docs: done without a cross-CPU read).
+    /// docs: done without a cross-CPU read), every event counted.
     pub(super) fn reset_rmid(&self, rmid: u32) {
         for d in 0..self.nr_domains {
             for e in Event::ALL {
                 let i = self.idx(d, rmid, e);
-                // One load, so that the base and the MSR snapshot agree even while traffic
-                // flows.
-                let raw = self.truth[i].load(Ordering::Relaxed) / self.scale;
-                self.base_chunks[i].store(raw, Ordering::Relaxed);
-                self.prev_msr[i].store(raw & ((1u64 << self.width) - 1), Ordering::Relaxed);
-                self.chunks[i].store(0, Ordering::Relaxed);
+                self.reset_counter(i);
                 self.unassigned[i].store(false, Ordering::Relaxed);
                 self.unavailable[i].store(false, Ordering::Relaxed);
-                let c = &self.cache[i];
-                c.at.store(0, Ordering::Relaxed);
-                c.value.store(0, Ordering::Relaxed);
-                c.rate.store(0, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Counter `i` counts from zero from now on (`resctrl_arch_reset_cntr` and the arch
+    /// state with it), and its cached sample is gone.
+    pub(super) fn reset_counter(&self, i: usize) {
+        // One load, so that the base and the MSR snapshot agree even while traffic flows.
+        let raw = self.truth[i].load(Ordering::Relaxed) / self.scale;
+        self.base_chunks[i].store(raw, Ordering::Relaxed);
+        self.prev_msr[i].store(raw & ((1u64 << self.width) - 1), Ordering::Relaxed);
+        self.chunks[i].store(0, Ordering::Relaxed);
+        let c = &self.cache[i];
+        c.at.store(0, Ordering::Relaxed);
+        c.status.store(0, Ordering::Relaxed);
+        c.value.store(0, Ordering::Relaxed);
+        c.rate.store(0, Ordering::Relaxed);
     }
 }
 

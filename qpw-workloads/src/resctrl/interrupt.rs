@@ -27,8 +27,8 @@ use super::error::ResctrlError;
 use super::event::Event;
 use super::file::MonFile;
 use super::groups::RdtState;
-use super::hardware::Hardware;
-use super::model::{lock, Domain, Resctrl, Shared};
+use super::hardware::{Executing, Hardware};
+use super::model::{lock, Domain, Resctrl, Shared, Startup};
 use super::read::Executed;
 use super::value::{Executor, ReadValue};
 
@@ -190,20 +190,55 @@ impl Resctrl {
         cross_call::calls_on(self.shared.targets.idle_space, cpu)
     }
 
-    /// Path 2: the reader's own CPU if it is in the domain, else interrupt the thread running
-    /// on a CPU of the domain.
+    /// Path 2 (Shakeel Butt's RFC): when every CPU of the domain is `nohz_full`, the
+    /// `smp_call_function_any` fallback; else the reader's own CPU if it is in the domain and
+    /// not `nohz_full`, else interrupt the thread running on a CPU of the domain.
     pub(super) fn smp_call_function_single(
         &self,
         state: &MutexGuard<'_, RdtState>,
         file: &MonFile,
     ) -> Result<Executed, ResctrlError> {
-        if let Some(cpu) = self.reader_cpu_in(file.domain) {
+        if self.shared.domains[file.domain].all_nohz_full {
+            return self.nohz_full_fallback(state, file);
+        }
+        let reader = self
+            .reader_cpu_in(file.domain)
+            .filter(|&cpu| !self.shared.nohz_full.contains(cpu));
+        if let Some(cpu) = reader {
             self.shared
                 .counts
                 .reader_direct
                 .fetch_add(1, Ordering::Relaxed);
             return Ok(self.mon_event_count_here(file, cpu));
         }
+        self.interrupt_domain(state, file)
+    }
+
+    /// `smp_call_function_any(domain)`, which `mon_event_read` uses when every CPU of the
+    /// domain is `nohz_full` (its housekeeping pick is one of them): the reader's own CPU when
+    /// it is in the domain, else an interrupt to a CPU of the domain, never a worker (the
+    /// kernel's comment: MPAM may not read in IRQ context, but a `nohz_full` CPU must not be
+    /// disturbed by a kworker either).
+    pub(super) fn nohz_full_fallback(
+        &self,
+        state: &MutexGuard<'_, RdtState>,
+        file: &MonFile,
+    ) -> Result<Executed, ResctrlError> {
+        let counts = &self.shared.counts;
+        counts.nohz_fallbacks.fetch_add(1, Ordering::Relaxed);
+        if let Some(cpu) = self.reader_cpu_in(file.domain) {
+            counts.reader_direct.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.mon_event_count_here(file, cpu));
+        }
+        self.interrupt_domain(state, file)
+    }
+
+    /// Interrupts the thread running on a CPU of the file's domain to read it there.
+    fn interrupt_domain(
+        &self,
+        state: &MutexGuard<'_, RdtState>,
+        file: &MonFile,
+    ) -> Result<Executed, ResctrlError> {
         let shared = &self.shared;
         let request = IpiRequest {
             hw: &shared.hw,
@@ -287,20 +322,25 @@ impl Resctrl {
         // one step, so a CPU never gets two stand-ins.
         let phys = self.qpw.physical_cpu(cpu)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let ready = Arc::new(AtomicBool::new(false));
-        let (s, r, space) = (stop.clone(), ready.clone(), targets.idle_space);
+        let startup = Arc::new(Startup::default());
+        let (s, report, space) = (stop.clone(), startup.clone(), targets.idle_space);
         let handle = thread::Builder::new()
             .name(format!("resctrl-idle/{cpu}"))
-            .spawn(move || idle_stand_in(space, cpu, phys, &s, &r))
+            .spawn(move || idle_stand_in(space, cpu, phys, &s, &report))
             .map_err(|source| ResctrlError::Spawn {
                 what: "idle stand-in",
                 source,
             })?;
-        while !ready.load(Ordering::Acquire) {
-            thread::yield_now();
-        }
+        let started = startup.wait();
         lock(&targets.idle).push((stop, handle));
-        Ok(())
+        // A stand-in that is not on its CPU, or not registered, must not be interrupted: the
+        // read fails, naming why.
+        started.map_err(|reason| ResctrlError::Pin {
+            what: "idle stand-in",
+            cpu,
+            phys,
+            reason,
+        })
     }
 }
 
@@ -342,13 +382,12 @@ fn ipi_mon_event_count(ctx: &CallCtx, arg: *const ()) {
     // SAFETY: `smp_call_function_single` passes a pointer to an `IpiRequest` that outlives
     // the call (it waits for the call before returning).
     let req = unsafe { &*(arg as *const IpiRequest<'_>) };
-    // Where the handler executes, as the hardware sees it: the physical CPU it interrupted,
-    // or for logical layouts the CPU the interrupted thread is registered for.
-    let on = if req.hw.logical {
-        Some(ctx.cpu())
-    } else {
-        ctx.phys_cpu()
-    };
+    // Where the handler executes, as the hardware sees it: the CPU the interrupted thread is
+    // registered for, and the physical CPU it was interrupted on.
+    let on = Some(Executing {
+        cpu: ctx.cpu(),
+        phys: ctx.phys_cpu(),
+    });
     let (status, value) = req
         .hw
         .rmid_read(on, req.domain, req.rmid, req.event)
@@ -357,12 +396,21 @@ fn ipi_mon_event_count(ctx: &CallCtx, arg: *const ()) {
     req.status.store(status, Ordering::Release);
 }
 
-fn idle_stand_in(space: u64, cpu: usize, phys: usize, stop: &AtomicBool, ready: &AtomicBool) {
-    let _ = qpw_core::pin_current_thread(phys);
-    let target = CallTarget::register(space, cpu);
-    ready.store(true, Ordering::Release);
-    let Ok(_target) = target else {
-        return;
+/// An idle stand-in: pinned on `phys`, registered for `cpu`, asleep until stopped; its
+/// [`Startup`] says whether it got there.
+fn idle_stand_in(space: u64, cpu: usize, phys: usize, stop: &AtomicBool, startup: &Startup) {
+    let registered = qpw_core::pin_current_thread(phys)
+        .map_err(|e| e.to_string())
+        .and_then(|()| CallTarget::register(space, cpu).map_err(|e| e.to_string()));
+    let _target = match registered {
+        Ok(target) => {
+            startup.report(Ok(()));
+            target
+        }
+        Err(reason) => {
+            startup.report(Err(reason));
+            return;
+        }
     };
     while !stop.load(Ordering::Acquire) {
         // Asleep like an idle CPU; a cross call interrupts the sleep and runs in the handler.

@@ -25,7 +25,8 @@
 //!   of physical CPUs ([`DomainLayout::Physical`], e.g. `{0}` and `{1}` on a 2-CPU box), or an
 //!   emulated one of logical CPUs multiplexed onto the physical ones
 //!   ([`DomainLayout::Emulated`], e.g. 32 domains of 8, as a dual-socket Zen2). Each domain has a
-//!   housekeeping CPU, the kernel's `cpumask_any_housekeeping()`.
+//!   housekeeping CPU, the kernel's `cpumask_any_housekeeping()`: its first CPU that is not
+//!   `nohz_full` ([`Config::nohz_full`]), else its first.
 //! - **Counters** ([`Event`]): per (domain, RMID, event) the hardware counts bytes, driven by a
 //!   [`BandwidthSource`] (a traffic thread adds `rate x dt` every tick) or by
 //!   [`Resctrl::inject_traffic`]. The MSR shows the count in chunks of `mon_scale` bytes,
@@ -37,27 +38,38 @@
 //!   read happens once per wrap. The **overflow worker** (`mbm_handle_overflow`, a thread per
 //!   domain pinned on its housekeeping CPU, every `MBM_OVERFLOW_INTERVAL` = 1000 ms) makes sure
 //!   of that, and also keeps each counter's latest value and rate (bytes/s), the rate files.
-//! - **The hardware rule**: the read checks that it executes on a CPU of the counter's domain (a
-//!   thread's qpw binding, or `sched_getcpu()` for physical layouts; in the interrupt handler the
-//!   CPU it interrupted). A read from elsewhere would read another domain's counter on real
-//!   hardware; here it returns [`ReadValue::Error`] and counts a [`Resctrl::violations`], which
-//!   tests check.
+//!   A worker (or an idle stand-in) that cannot pin itself where it must run is an error
+//!   ([`ResctrlError::Pin`]), not a thread left running elsewhere.
+//! - **Assignable counters** (AMD's ABMC, `mbm_event` mode, [`Config::assignable_counters`]):
+//!   32 counters per domain; an MBM event without one reads `Unassigned`, and assigning one
+//!   ([`Resctrl::assign`]) starts it from zero. See `abmc.rs`.
+//! - **The hardware rule**: the read checks that it executes on a CPU of the counter's domain,
+//!   and that the thread really runs there at that moment: the CPU it belongs to (its qpw
+//!   binding, the worker's or the interrupted thread's CPU) must be in the domain, and
+//!   `sched_getcpu()` must be that CPU's physical CPU, on emulated layouts too. A read from
+//!   elsewhere would read another domain's counter on real hardware; here it returns
+//!   [`ReadValue::Error`] and counts a [`Resctrl::violations`], which tests check.
 //! - **Results** are the kernel's: a value, `Error`, `Unavailable` (the hardware's U bit) or
 //!   `Unassigned` (an `mbm_event` counter not assigned, ABMC).
-//! - **`rdtgroup_mutex`** is held across each file read, and its hold time, the reader's
-//!   voluntary context switches and time off-CPU while holding it are recorded per read path.
+//! - **`rdtgroup_mutex`** is held across each file read; its hold time, and the reader's wait
+//!   for another thread to execute the read, are recorded per read path, cheaply (see
+//!   `stats.rs`); the reader's voluntary context switches and time off-CPU, once per pass.
 //!
 //! # The four read paths ([`ReadPath`])
 //!
 //! 1. **Workqueue** (`smp_call_on_cpu`): posted to the worker of the domain's housekeeping CPU
 //!    ([`qpw_core::Qpw::work_on_cpu`], queued in every mode) and waited for; always, even when
-//!    the reader is in the domain.
+//!    the reader is in the domain. Except, as in `mon_event_read`, when that CPU is `nohz_full`
+//!    (every CPU of the domain is): then `smp_call_function_any`, an interrupt (or a direct
+//!    read from inside the domain), never a worker.
 //! 2. **Interrupt** (`smp_call_function_single`, Shakeel Butt's RFC with Reinette Chatre's
 //!    reordering): the reader's own CPU when it is in the domain; otherwise the thread running on
 //!    a CPU of the domain (housekeeping first) is interrupted with a signal
 //!    ([`qpw_core::cross_call`]) and its async-signal-safe handler does the read (atomics only)
-//!    while the reader spins (and, past 100 us, sleeps: the target is then waiting for a CPU,
-//!    which a kernel IPI never does). A domain CPU with no registered thread gets an idle stand-in.
+//!    while the reader spins. On a CPU with several threads, the one that runs now is
+//!    signalled, and a call not claimed in time is sent to the next one (see `interrupt.rs`).
+//!    A domain CPU with no registered thread gets an idle stand-in. A reader on a `nohz_full`
+//!    CPU does not read in place, and an all-`nohz_full` domain takes `smp_call_function_any`.
 //! 3. **Local** (Peter Newman's fast path): a reader bound inside the domain reads directly;
 //!    any other reader falls back to the workqueue, as the patch does.
 //! 4. **Cached** (per-group rate files): the overflow worker's latest value and rate, with its
@@ -74,9 +86,10 @@
 //! `hardware` (the counters and `resctrl_arch_rmid_read`), `groups` (`mkdir`/`rmdir`), `file`
 //! (paths and `open`), `read` (`rdtgroup_mondata_show`, the local fast path, the hardware
 //! rule), `workqueue`, `interrupt`, `overflow` (the overflow worker and the cache it keeps),
-//! `bandwidth` (the traffic), `stats` (what the reads record), `fastcat` (the reader) and
-//! `figures` (seed 002's figures).
+//! `abmc` (assignable counters), `bandwidth` (the traffic), `stats` (what the reads record),
+//! `fastcat` (the reader), `load` (a fleet machine's load) and `figures` (seed 002's figures).
 
+mod abmc;
 mod bandwidth;
 mod config;
 mod error;
@@ -98,6 +111,7 @@ mod stats;
 mod value;
 mod workqueue;
 
+pub use abmc::{ABMC_COUNTERS, MAX_ASSIGNABLE_COUNTERS};
 pub use bandwidth::{BandwidthSource, ConstantBandwidth};
 pub use config::{Config, DomainLayout};
 pub use error::ResctrlError;
@@ -114,6 +128,7 @@ pub use interrupt::{DomainThread, MAX_THREADS_PER_CPU, RETARGETS, RETARGET_AFTER
 #[cfg(not(loom))]
 pub use load::{with_fleet_load, FleetLoad, LoadThreads};
 pub use model::Resctrl;
+pub use overflow::OverflowRuns;
 pub use read_path::ReadPath;
 pub use stats::{HoldStats, PathCounts};
 pub use value::{Executor, MonRead, ReadValue};

@@ -9,6 +9,7 @@ use qpw_core::sync::{
 };
 use qpw_core::{CpuSet, CpuSpec, PerCpuWork, Policy, Qpw, Topology};
 
+use super::abmc::{CounterTable, MAX_ASSIGNABLE_COUNTERS};
 use super::config::{Config, DomainLayout};
 use super::error::ResctrlError;
 use super::groups::{Group, RdtState};
@@ -24,6 +25,9 @@ use super::MAX_RMIDS;
 pub(super) struct Domain {
     pub(super) cpus: CpuSet,
     pub(super) housekeeping: usize,
+    /// Every CPU of the domain is `nohz_full` (so is the housekeeping one): its reads take
+    /// the interrupt (`smp_call_function_any`), never a worker.
+    pub(super) all_nohz_full: bool,
 }
 
 /// What the model's threads share: the hardware, the domains, `rdtgroup_mutex` and the
@@ -34,6 +38,10 @@ pub(super) struct Shared {
     pub(super) domains: Vec<Domain>,
     /// The threads the interrupt path may interrupt.
     pub(super) targets: Targets,
+    /// The CPUs treated as `nohz_full`.
+    pub(super) nohz_full: CpuSet,
+    /// Counters per domain in `mbm_event` mode (`Config::assignable_counters`).
+    pub(super) assignable: Option<u32>,
     pub(super) rdtgroup_mutex: Mutex<RdtState>,
     pub(super) wq: Mutex<WqRequest>,
     pub(super) counts: Counts,
@@ -44,6 +52,36 @@ pub(super) struct Shared {
     /// `Config::retarget_after` and `Config::retargets`.
     pub(super) retarget: (Duration, u32),
     pub(super) interval: Option<Duration>,
+}
+
+/// What a thread that must run on one CPU reports once started: whether it could pin itself
+/// there.
+#[derive(Debug, Default)]
+pub(super) struct Startup {
+    outcome: Mutex<Option<Result<(), String>>>,
+    reported: Condvar,
+}
+
+impl Startup {
+    /// Said by the started thread.
+    pub(super) fn report(&self, outcome: Result<(), String>) {
+        *lock(&self.outcome) = Some(outcome);
+        self.reported.notify_all();
+    }
+
+    /// Waits for the report.
+    pub(super) fn wait(&self) -> Result<(), String> {
+        let mut outcome = lock(&self.outcome);
+        loop {
+            if let Some(outcome) = outcome.take() {
+                return outcome;
+            }
+            outcome = self
+                .reported
+                .wait(outcome)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -89,6 +127,11 @@ impl Resctrl {
         }
         if config.mon_scale == 0 {
             return Err(ResctrlError::Scale);
+        }
+        if let Some(counters) = config.assignable_counters {
+            if !(1..=MAX_ASSIGNABLE_COUNTERS).contains(&counters) {
+                return Err(ResctrlError::AssignableCounters { counters });
+            }
         }
 
         // The domains and the instance over their CPUs.
@@ -147,20 +190,25 @@ impl Resctrl {
                 }
             };
 
-        // `cpumask_any_housekeeping`: from the topology when there is one, else from the CPUs
-        // the instance treats as isolated.
+        // The CPUs treated as `nohz_full`: as configured, else the machine's for a topology or
+        // physical layout, none for an emulated one.
+        let nohz_full = match (&config.nohz_full, &topology, &config.layout) {
+            (Some(set), _, _) => set.clone(),
+            (None, Some(t), _) => t.nohz_full().clone(),
+            (None, None, DomainLayout::Physical(_)) => Topology::read()
+                .map(|t| t.nohz_full().clone())
+                .unwrap_or_else(|_| CpuSet::new()),
+            (None, None, _) => CpuSet::new(),
+        };
+        // `cpumask_any_housekeeping`: the first CPU of the domain that is not `nohz_full`, else
+        // (every CPU is) the first CPU.
         let domains: Vec<Domain> = domain_cpus
             .into_iter()
             .map(|cpus| {
-                let hk = match &topology {
-                    Some(t) => t.housekeeping_cpu(&cpus),
-                    None => cpus
-                        .iter()
-                        .find(|&c| !qpw.isolated().contains(c))
-                        .or_else(|| cpus.first()),
-                };
+                let hk = cpus.iter().find(|&c| !nohz_full.contains(c));
                 Domain {
                     housekeeping: hk.or_else(|| cpus.first()).unwrap_or(0),
+                    all_nohz_full: hk.is_none(),
                     cpus,
                 }
             })
@@ -168,9 +216,11 @@ impl Resctrl {
 
         let max_cpu = qpw.cpus().last().unwrap_or(0);
         let mut domain_of = vec![usize::MAX; max_cpu + 1];
+        let mut phys_of = vec![usize::MAX; max_cpu + 1];
         for (d, dom) in domains.iter().enumerate() {
             for c in dom.cpus.iter() {
                 domain_of[c] = d;
+                phys_of[c] = qpw.physical_cpu(c)?;
             }
         }
         let nr_domains = domains.len();
@@ -181,8 +231,8 @@ impl Resctrl {
             nr_rmids,
             width: config.counter_width,
             scale: config.mon_scale,
-            logical: qpw.is_logical(),
             domain_of,
+            phys_of,
             truth: atomics(n),
             prev_msr: atomics(n),
             chunks: atomics(n),
@@ -203,19 +253,19 @@ impl Resctrl {
         let shared = Arc::new(Shared {
             hw,
             targets: Targets::new(max_cpu),
+            nohz_full,
+            assignable: config.assignable_counters,
             rdtgroup_mutex: Mutex::new(RdtState {
                 groups,
                 next_generation: 1,
                 stats: Default::default(),
+                counters: config
+                    .assignable_counters
+                    .map(|n| CounterTable::new(nr_domains, n)),
             }),
             wq: Mutex::new(WqRequest::default()),
             counts: Counts::default(),
-            overflow: Mutex::new(OverflowCtl {
-                requested: vec![0; nr_domains],
-                done: vec![0; nr_domains],
-                runs: vec![0; nr_domains],
-                stop: false,
-            }),
+            overflow: Mutex::new(OverflowCtl::new(nr_domains)),
             overflow_cv: Condvar::new(),
             stop: AtomicBool::new(false),
             call_timeout: config.call_timeout,
@@ -236,19 +286,35 @@ impl Resctrl {
             threads: Vec::new(),
         };
 
+        // The default group's events get their counters first (`mbm_event` mode).
+        {
+            let mut state = lock(&model.shared.rdtgroup_mutex);
+            model.assign_on_mkdir(&mut state, 0);
+        }
+
         // The overflow workers, one per domain, pinned on its housekeeping CPU.
         for d in 0..nr_domains {
             let hk = model.shared.domains[d].housekeeping;
             let phys = model.qpw.physical_cpu(hk)?;
             let s = model.shared.clone();
+            let startup = Arc::new(Startup::default());
+            let report = startup.clone();
             let handle = thread::Builder::new()
                 .name(format!("mbm_overflow/{d}"))
-                .spawn(move || s.overflow_worker(d, hk, phys))
+                .spawn(move || s.overflow_worker(d, hk, phys, &report))
                 .map_err(|source| ResctrlError::Spawn {
                     what: "overflow",
                     source,
                 })?;
             model.threads.push(handle);
+            // A worker that could not pin itself to its housekeeping CPU would run, and read
+            // counters, elsewhere: that is an error, not a detail (`model` stops the others).
+            startup.wait().map_err(|reason| ResctrlError::Pin {
+                what: "overflow worker",
+                cpu: hk,
+                phys,
+                reason,
+            })?;
         }
         if let Some(source) = config.bandwidth {
             let s = model.shared.clone();
@@ -281,7 +347,13 @@ impl Resctrl {
         Ok(&self.shared.domain(domain)?.cpus)
     }
 
-    /// The housekeeping CPU of `domain` (where its worker reads and its overflow worker runs).
+    /// The CPUs treated as `nohz_full` ([`Config::nohz_full`]).
+    pub fn nohz_full(&self) -> &CpuSet {
+        &self.shared.nohz_full
+    }
+
+    /// The housekeeping CPU of `domain` (where its worker reads and its overflow worker runs):
+    /// its first CPU that is not `nohz_full`, else its first CPU.
     pub fn housekeeping_cpu(&self, domain: usize) -> Result<usize, ResctrlError> {
         Ok(self.shared.domain(domain)?.housekeeping)
     }

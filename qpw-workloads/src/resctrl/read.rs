@@ -8,6 +8,7 @@ use qpw_core::sync::{MutexGuard, Ordering};
 use super::error::ResctrlError;
 use super::file::MonFile;
 use super::groups::RdtState;
+use super::hardware::Executing;
 use super::model::{lock, Resctrl};
 use super::read_path::ReadPath;
 use super::value::{Executor, MonRead, ReadValue};
@@ -55,12 +56,7 @@ impl Resctrl {
         file: &MonFile,
         path: ReadPath,
     ) -> Result<MonRead, ResctrlError> {
-        let alive = state
-            .groups
-            .get(file.rmid as usize)
-            .and_then(Option::as_ref)
-            .is_some_and(|g| g.generation == file.generation);
-        if !alive {
+        if !state.alive(file) {
             return Err(ResctrlError::GroupRemoved {
                 path: file.path.clone(),
             });
@@ -73,7 +69,7 @@ impl Resctrl {
             waited,
         };
         match path {
-            ReadPath::Workqueue => self.smp_call_on_cpu(file).map(plain),
+            ReadPath::Workqueue => self.mon_event_read_queued(state, file).map(plain),
             ReadPath::Local => match self.reader_cpu_in(file.domain) {
                 Some(cpu) => {
                     self.shared
@@ -87,7 +83,7 @@ impl Resctrl {
                         .counts
                         .local_fallbacks
                         .fetch_add(1, Ordering::Relaxed);
-                    self.smp_call_on_cpu(file).map(plain)
+                    self.mon_event_read_queued(state, file).map(plain)
                 }
             },
             ReadPath::Interrupt => self.smp_call_function_single(state, file).map(plain),
@@ -115,16 +111,18 @@ impl Resctrl {
             .then_some(cpu)
     }
 
-    /// The executing CPU of the calling thread as the hardware sees it.
-    fn executing_cpu(&self) -> Option<usize> {
-        self.qpw.current_cpu()
+    /// Where the calling thread executes, as the hardware sees it: the CPU of the model it
+    /// belongs to (its binding, or for physical layouts the CPU it runs on) and the physical
+    /// CPU it runs on now.
+    fn executing(&self) -> Option<Executing> {
+        self.qpw.current_cpu().map(Executing::now)
     }
 
     pub(super) fn mon_event_count_here(&self, file: &MonFile, cpu: usize) -> Executed {
-        let value =
-            self.shared
-                .hw
-                .rmid_read(self.executing_cpu(), file.domain, file.rmid, file.event);
+        let value = self
+            .shared
+            .hw
+            .rmid_read(self.executing(), file.domain, file.rmid, file.event);
         (value, Executor::Reader { cpu }, None)
     }
 
@@ -136,7 +134,7 @@ impl Resctrl {
         let _state = lock(&self.shared.rdtgroup_mutex);
         self.shared
             .hw
-            .rmid_read(self.executing_cpu(), file.domain, file.rmid, file.event)
+            .rmid_read(self.executing(), file.domain, file.rmid, file.event)
     }
 
     /// Reads that executed outside their counter's domain (should stay 0).

@@ -77,6 +77,9 @@ pub struct PathCounts {
     pub local_fallbacks: u64,
     /// Reads answered from the cache.
     pub cached: u64,
+    /// Reads of a domain whose CPUs are all `nohz_full`, done by `smp_call_function_any`
+    /// (directly or by an interrupt) instead of a worker.
+    pub nohz_fallbacks: u64,
     /// Interrupts re-sent to the thread running on the CPU now because the one first chosen
     /// had not claimed them in time (it had lost the CPU).
     pub retargets: u64,
@@ -155,6 +158,7 @@ pub(super) struct Counts {
     pub(super) reader_direct: AtomicU64,
     pub(super) local_fallbacks: AtomicU64,
     pub(super) cached: AtomicU64,
+    pub(super) nohz_fallbacks: AtomicU64,
     pub(super) retargets: AtomicU64,
 }
 
@@ -173,6 +177,7 @@ impl Resctrl {
             reader_direct: c.reader_direct.load(Ordering::Relaxed),
             local_fallbacks: c.local_fallbacks.load(Ordering::Relaxed),
             cached: c.cached.load(Ordering::Relaxed),
+            nohz_fallbacks: c.nohz_fallbacks.load(Ordering::Relaxed),
             retargets: c.retargets.load(Ordering::Relaxed),
         }
     }
@@ -187,6 +192,7 @@ impl Resctrl {
             &c.reader_direct,
             &c.local_fallbacks,
             &c.cached,
+            &c.nohz_fallbacks,
             &c.retargets,
         ] {
             a.store(0, Ordering::Relaxed);

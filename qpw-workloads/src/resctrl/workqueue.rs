@@ -8,6 +8,10 @@ use super::event::Event;
 use super::file::MonFile;
 use std::time::Instant;
 
+use qpw_core::sync::MutexGuard;
+
+use super::groups::RdtState;
+use super::hardware::Executing;
 use super::model::{lock, Resctrl, Shared};
 use super::read::Executed;
 use super::value::{Executor, ReadValue};
@@ -22,6 +26,22 @@ pub(super) struct WqRequest {
 }
 
 impl Resctrl {
+    /// `mon_event_read` where it queues to a worker (the workqueue path, and the local path
+    /// from outside the domain): `cpu = cpumask_any_housekeeping(domain)`; if that CPU is
+    /// `nohz_full` (so is every CPU of the domain), `smp_call_function_any`, else
+    /// `smp_call_on_cpu(cpu)`.
+    pub(super) fn mon_event_read_queued(
+        &self,
+        state: &MutexGuard<'_, RdtState>,
+        file: &MonFile,
+    ) -> Result<Executed, ResctrlError> {
+        if self.shared.domains[file.domain].all_nohz_full {
+            self.nohz_full_fallback(state, file)
+        } else {
+            self.smp_call_on_cpu(file)
+        }
+    }
+
     /// Path 1: post the read to the housekeeping CPU's worker and sleep until it ran.
     pub(super) fn smp_call_on_cpu(&self, file: &MonFile) -> Result<Executed, ResctrlError> {
         let cpu = self.shared.domains[file.domain].housekeeping;
@@ -57,11 +77,7 @@ impl Shared {
     /// The worker side of path 1 (`smp_mon_event_count`), on `cpu`'s worker.
     pub(super) fn smp_mon_event_count(&self, cpu: usize) {
         self.counts.worker_runs.fetch_add(1, Ordering::Relaxed);
-        let on = if self.hw.logical {
-            Some(cpu)
-        } else {
-            qpw_core::current_cpu()
-        };
+        let on = Some(Executing::now(cpu));
         let mut req = lock(&self.wq);
         let Some(event) = req.event else {
             return;
