@@ -245,6 +245,9 @@ pub const RESCTRL_PATHS: [&str; 4] = ["workqueue", "interrupt", "local", "cached
 /// Files in one pass over everything (seed 002: 25 groups x 3 events x 10 domains; here
 /// 125 groups x 3 events x 2 domains, one per physical CPU).
 pub const RESCTRL_ALL_FILES: usize = 750;
+/// The environment variable that sets bench 4's load: busy threads on each domain CPU but the
+/// reader's (0-16, default 4).
+pub const RESCTRL_LOAD_ENV: &str = "QPW_RESCTRL_LOAD";
 
 /// Group of bench 5, the buffer pool.
 pub const POOL: &str = "pool";
@@ -718,7 +721,14 @@ pub fn path_counts_path(root: &Path, path: &str, files: usize) -> PathBuf {
         .join("qpw_path_counts.txt")
 }
 
-/// How the reads of one resctrl benchmark ran, as shares: "worker 100 %" and so on.
+/// The file, beside criterion's estimates of bench 4, in which the bench records its load:
+/// `<busy threads per loaded CPU> <loaded CPUs>`.
+pub fn resctrl_load_path(root: &Path) -> PathBuf {
+    root.join(RESCTRL).join("qpw_load.txt")
+}
+
+/// How the reads of one resctrl benchmark ran, as shares: "worker 100 %" and so on, and the
+/// interrupts re-sent to the thread running now, if any.
 fn path_counts_cell(root: &Path, path: &str, files: &str) -> String {
     let Ok(files) = files.parse::<usize>() else {
         return "n/a".to_string();
@@ -730,9 +740,10 @@ fn path_counts_cell(root: &Path, path: &str, files: &str) -> String {
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect();
-    if counts.len() != 5 {
+    if !(5..=6).contains(&counts.len()) {
         return "n/a".to_string();
     }
+    let retargets = counts.get(5).copied().unwrap_or(0);
     // A local-path fallback is counted as a worker run too: show it once.
     let counts = [
         counts[0].saturating_sub(counts[3]),
@@ -756,6 +767,7 @@ fn path_counts_cell(root: &Path, path: &str, files: &str) -> String {
     .zip(&counts)
     .filter(|(_, &n)| n > 0)
     .map(|(name, &n)| format!("{name} {:.0} %", n as f64 * 100.0 / total as f64))
+    .chain((retargets > 0).then(|| format!("{retargets} interrupts re-sent")))
     .collect::<Vec<_>>()
     .join(", ")
 }
@@ -780,6 +792,7 @@ pub fn resctrl_table(root: &Path) -> String {
         "read path",
         "pass over 750 files",
         "÷ workqueue",
+        "workqueue ÷ this",
         "pass over the reader's own domain",
         "÷ workqueue",
         "how the 750 reads ran",
@@ -792,6 +805,7 @@ pub fn resctrl_table(root: &Path) -> String {
             format!("`{path}`"),
             fmt_opt(a),
             fmt_ratio(a, wq_all),
+            fmt_ratio(wq_all, a),
             fmt_opt(o),
             fmt_ratio(o, wq_own),
             path_counts_cell(root, path, &all),
@@ -807,17 +821,53 @@ pub fn resctrl_table(root: &Path) -> String {
         "-".to_string(),
         "-".to_string(),
         "-".to_string(),
+        "-".to_string(),
     ]);
-    table.finish()
+    let load = std::fs::read_to_string(resctrl_load_path(root))
+        .ok()
+        .and_then(|text| {
+            let mut words = text.split_whitespace().map(str::parse::<usize>);
+            Some((words.next()?.ok()?, words.next()?.ok()?))
+        })
+        .map_or_else(
+            || "Load: not recorded.".to_string(),
+            |(per_cpu, cpus)| {
+                format!(
+                    "Load: {per_cpu} busy threads on each of the {cpus} domain CPUs other than \
+                     the reader's (`{RESCTRL_LOAD_ENV}`)."
+                )
+            },
+        );
+    format!("{load}\n\n{}", table.finish())
 }
 
-/// The table of bench 5: messages per second per design and thread count, and each as a ratio
-/// to the global-lock design at the same thread count.
+/// The file, beside criterion's estimates of one pool benchmark, in which the bench records
+/// the pool's counters summed over its runs: `runs contention local_hits remote_returns gets`.
+pub fn pool_stats_path(root: &Path, design: &str, threads: usize) -> PathBuf {
+    root.join(POOL)
+        .join(design)
+        .join(threads.to_string())
+        .join("qpw_pool_stats.txt")
+}
+
+/// The global lock's failed trylocks per run of one pool benchmark, from [`pool_stats_path`].
+fn contention_per_run(root: &Path, design: &str, threads: usize) -> Option<f64> {
+    let text = std::fs::read_to_string(pool_stats_path(root, design, threads)).ok()?;
+    let mut words = text.split_whitespace().map(str::parse::<f64>);
+    let runs = words.next()?.ok()?;
+    let contention = words.next()?.ok()?;
+    (runs > 0.0).then(|| contention / runs)
+}
+
+/// The table of bench 5: messages per second per design and thread count, each as a ratio to
+/// the global-lock design at the same thread count, with the global lock's contention (failed
+/// trylocks on `aa_buffers_lock`) per run beside it.
 pub fn pool_table(root: &Path) -> String {
     let mut headers = vec!["design".to_string()];
     for t in POOL_THREADS {
         headers.push(format!("{t} threads: msg/s"));
         headers.push("÷ global".to_string());
+        headers.push("contention / run".to_string());
     }
     let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
     let mut table = Table::new(&refs);
@@ -831,6 +881,10 @@ pub fn pool_table(root: &Path) -> String {
             let r = rate(design, t);
             row.push(r.map_or_else(|| "not measured".to_string(), |r| format!("{r:.0}")));
             row.push(fmt_ratio(r, rate(POOL_DESIGNS[0], t)));
+            row.push(
+                contention_per_run(root, design, t)
+                    .map_or_else(|| "n/a".to_string(), |c| format!("{c:.0}")),
+            );
         }
         table.row(&row);
     }

@@ -1,86 +1,82 @@
 //! Bench 4, resctrl: one fastcat pass over 750 counter files by each read path, a pass over
 //! the reader's own domain (seed 000's case), and the setup (opening the files, fastcat's
-//! `FASTCAT_READ_COUNT=0`) apart.
+//! `FASTCAT_READ_COUNT=0`) apart, with the domain CPUs loaded as a fleet machine's are.
 //!
 //! Seed 002 counted 750 files as 25 groups x 3 events x 10 L3 domains. Ten domains emulated
 //! with logical CPUs on a 2-core machine make every cross-domain read wait for a multiplexed
 //! thread's turn on a core (a first try here: 2 s per workqueue pass, 44 s per interrupt
 //! pass), which measures the multiplexing, not the read paths. So the domains are the
 //! machine's physical CPUs, one per domain (two here), with as many groups as make 750 files
-//! (125 x 3 events x 2 domains); only with a single allowed CPU does it fall back to two
-//! emulated domains.
+//! (125 x 3 events x 2 domains): `qpw_workloads::resctrl::one_domain_per_cpu`.
 //!
-//! The rest follows `qpw_workloads::resctrl::measure_read_paths` (the typed figures): a busy
-//! load thread bound to, and registered as the thread running on, every domain CPU but the
-//! reader's; the reader (the bench thread) bound to the CPU of domain 0; the overflow worker
-//! every 1 s with steady traffic. Criterion times the passes; the figures function's own
-//! extras (mutex hold, off-CPU time) are the emulator's business.
+//! The load is seed 002's: its 360 ms per pass came from kworkers waiting behind busy tasks.
+//! Every domain CPU but the reader's runs `QPW_RESCTRL_LOAD` busy threads (default 4, 0-16),
+//! each registered as a thread the interrupt path may interrupt and saying when it runs
+//! (`qpw_workloads::resctrl::with_fleet_load`), so that a woken worker waits its turn while an
+//! interrupt reaches the thread that runs. The reader (the bench thread) is bound to the CPU
+//! of domain 0; the overflow worker runs every 1 s with steady traffic. Criterion times the
+//! passes; the model records per read only what costs no more than a cached read (see
+//! `qpw_workloads::resctrl` `stats.rs`); mutex holds and waits are the emulator's business.
 
-use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, SamplingMode};
-use qpw_benches::{Timing, RESCTRL, RESCTRL_ALL_FILES};
-use qpw_core::CpuSet;
+use qpw_benches::{Timing, RESCTRL, RESCTRL_ALL_FILES, RESCTRL_LOAD_ENV};
 use qpw_workloads::resctrl::{
-    BandwidthSource, Config, ConstantBandwidth, DomainLayout, Event, Fastcat, PathCounts, ReadPath,
-    Resctrl,
+    one_domain_per_cpu, with_fleet_load, BandwidthSource, Config, ConstantBandwidth, Event,
+    Fastcat, FleetLoad, PathCounts, ReadPath, Resctrl, MAX_THREADS_PER_CPU,
 };
 
-/// At most this many domains (seed 002's machine view had ten).
-const MAX_DOMAINS: usize = 10;
+/// The load asked for by `QPW_RESCTRL_LOAD` (busy threads per loaded CPU), or the default.
+fn fleet_load() -> FleetLoad {
+    let mut load = FleetLoad::default();
+    if let Ok(raw) = std::env::var(RESCTRL_LOAD_ENV) {
+        match raw.trim().parse::<usize>() {
+            Ok(n) if n <= MAX_THREADS_PER_CPU => load.threads_per_cpu = n,
+            _ => panic!("{RESCTRL_LOAD_ENV}={raw}: must be an integer in 0-{MAX_THREADS_PER_CPU}"),
+        }
+    }
+    load
+}
 
-/// One domain per allowed physical CPU (at most ten), or two emulated ones on a 1-CPU machine.
-fn layout() -> (DomainLayout, usize) {
-    let allowed = qpw_core::allowed_cpus().expect("the allowed CPUs");
-    if allowed.len() >= 2 {
-        let domains: Vec<CpuSet> = allowed
-            .iter()
-            .take(MAX_DOMAINS)
-            .map(|cpu| CpuSet::from_iter([cpu]))
-            .collect();
-        let n = domains.len();
-        (DomainLayout::Physical(domains), n)
-    } else {
-        let layout = DomainLayout::Emulated {
-            domains: 2,
-            cpus_per_domain: 1,
-        };
-        (layout, 2)
+/// Saves a line beside criterion's estimates, for the `ratios` report.
+fn record(file: std::path::PathBuf, line: String) {
+    let saved = file
+        .parent()
+        .map(|dir| std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&file, &line)));
+    if !matches!(saved, Some(Ok(()))) {
+        eprintln!("could not record {} in {}", line.trim(), file.display());
     }
 }
 
 /// Saves how the reads of one benchmark were executed (worker hop, interrupt, direct, local
-/// fallback to the workqueue, cache), beside criterion's estimates, for the `ratios` report.
+/// fallback to the workqueue, cache, interrupts re-sent), beside criterion's estimates.
 fn record_path_counts(path: ReadPath, files: usize, counts: &PathCounts) {
     let line = format!(
-        "{} {} {} {} {}\n",
+        "{} {} {} {} {} {}\n",
         counts.worker_runs,
         counts.interrupts,
         counts.reader_direct,
         counts.local_fallbacks,
-        counts.cached
+        counts.cached,
+        counts.retargets
     );
-    eprintln!("{RESCTRL}/{path}/{files}: worker interrupt direct fallback cached = {line}");
-    let file = qpw_benches::path_counts_path(&qpw_benches::criterion_dir(), path.name(), files);
-    if let Some(dir) = file.parent() {
-        if std::fs::create_dir_all(dir)
-            .and_then(|()| std::fs::write(&file, line))
-            .is_err()
-        {
-            eprintln!("could not record the path counts in {}", file.display());
-        }
-    }
+    eprintln!(
+        "{RESCTRL}/{path}/{files}: worker interrupt direct fallback cached retargets = {line}"
+    );
+    let root = qpw_benches::criterion_dir();
+    record(
+        qpw_benches::path_counts_path(&root, path.name(), files),
+        line,
+    );
 }
 
 pub(crate) fn bench(c: &mut Criterion) {
-    let (layout, domains) = layout();
-    // As many groups as make 750 files (exactly, for 1, 2, 5 or 10 domains).
-    let groups = RESCTRL_ALL_FILES / (Event::ALL.len() * domains);
+    let layout = one_domain_per_cpu();
     let source: Arc<dyn BandwidthSource> = Arc::new(ConstantBandwidth::default());
+    // As many groups as make 750 files (exactly, for 1, 2, 5 or 10 domains).
+    let groups = RESCTRL_ALL_FILES / (Event::ALL.len() * layout.domains().max(1));
     let resctrl = Resctrl::new(Config {
         layout,
         num_rmids: groups as u32 + 1,
@@ -101,45 +97,30 @@ pub(crate) fn bench(c: &mut Criterion) {
         .first()
         .expect("domain 0 has a CPU");
     let own_files = Resctrl::file_paths(&names, &Event::ALL, &[0]);
-    let load_cpus: Vec<usize> = resctrl
+    let load = fleet_load();
+    let loaded: Vec<usize> = resctrl
         .qpw()
         .cpus()
         .iter()
         .filter(|&c| c != reader_cpu && resctrl.domain_of(c).is_some())
         .collect();
     eprintln!(
-        "resctrl: {} files, {}; reader on cpu {reader_cpu}, {} load threads",
+        "resctrl: {} files, {}; reader on cpu {reader_cpu}, {} busy threads on each of cpus {loaded:?}",
         all_files.len(),
         resctrl.qpw().describe(),
-        load_cpus.len()
+        load.threads_per_cpu,
+    );
+    record(
+        qpw_benches::resctrl_load_path(&qpw_benches::criterion_dir()),
+        format!("{} {}\n", load.threads_per_cpu, loaded.len()),
     );
 
     let mut group = c.benchmark_group(RESCTRL);
     crate::configure(&mut group, Timing::slow_path());
     group.sampling_mode(SamplingMode::Flat);
 
-    let stop = AtomicBool::new(false);
-    let started = AtomicUsize::new(0);
-    thread::scope(|s| {
-        let resctrl = &resctrl;
-        for &cpu in &load_cpus {
-            let (stop, started) = (&stop, &started);
-            s.spawn(move || {
-                let _bound = resctrl.qpw().bind_current(cpu).expect("bind a load thread");
-                let _target = resctrl
-                    .register_current_thread(cpu)
-                    .expect("register a load thread");
-                started.fetch_add(1, Ordering::Release);
-                let mut x = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    x = black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-                }
-            });
-        }
-        while started.load(Ordering::Acquire) < load_cpus.len() {
-            thread::yield_now();
-        }
-
+    let resctrl = &resctrl;
+    with_fleet_load(resctrl, &loaded, load, |_| {
         let _bound = resctrl
             .qpw()
             .bind_current(reader_cpu)
@@ -181,8 +162,8 @@ pub(crate) fn bench(c: &mut Criterion) {
                 record_path_counts(path, files.len(), &resctrl.path_counts());
             }
         }
-        stop.store(true, Ordering::Relaxed);
-    });
+    })
+    .expect("the fleet load runs");
     assert_eq!(
         resctrl.violations(),
         0,

@@ -493,12 +493,17 @@ pub struct LoadArgs {
 /// `qpw-emu resctrl`.
 #[derive(Debug, Clone, Args)]
 pub struct ResctrlArgs {
-    /// Monitoring groups read, 1-4095 (default 25: 750 files over 10 domains).
+    /// Monitoring groups read, 1-4095 (default: as many as make 750 files over the domains,
+    /// one domain per allowed CPU).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub groups: Option<String>,
     /// Passes over all files per read path, 1-1000 (default 2).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub passes: Option<String>,
+    /// Busy threads on each domain CPU but the reader's, 0-16 (default 4: a fleet machine's
+    /// load, where a woken worker waits its turn).
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
+    pub load: Option<String>,
     /// Print only the table.
     #[arg(short, long)]
     pub quiet: bool,
@@ -513,6 +518,9 @@ pub struct PoolArgs {
     /// hackbench messages per sender per receiver, 1-100000 (default 200).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub loops: Option<String>,
+    /// What the messages travel through: pipe (default, as in seed 004) or socketpair.
+    #[arg(long, value_name = "KIND", allow_hyphen_values = true)]
+    pub transport: Option<String>,
     /// Print only the table.
     #[arg(short, long)]
     pub quiet: bool,

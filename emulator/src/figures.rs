@@ -45,9 +45,17 @@ struct PathJson {
     hold_avg_us: f64,
     /// Longest hold.
     hold_max_us: f64,
-    /// Time the reader was off-CPU holding the mutex, all reads together.
+    /// Reads executed by another thread (a worker or an interrupted thread).
+    remote_reads: u64,
+    /// Average wait of the reader, mutex held, for that thread, per remote read.
+    executor_wait_avg_us: f64,
+    /// Longest such wait.
+    executor_wait_max_us: f64,
+    /// Reads that waited for the mutex itself.
+    mutex_waits: u64,
+    /// Time the reader was off-CPU during the passes (read once per pass, not per read).
     off_cpu_us: f64,
-    /// The reader's voluntary context switches while holding the mutex.
+    /// The reader's voluntary context switches during the passes.
     voluntary_switches: u64,
     /// Reads run by a worker.
     worker_runs: u64,
@@ -92,7 +100,13 @@ struct ResctrlJson {
     reader_cpu: usize,
     /// The reader's domain.
     reader_domain: usize,
-    /// Busy load threads.
+    /// Busy load threads per loaded CPU.
+    load_threads_per_cpu: usize,
+    /// Whether the load threads were registered for the interrupt path.
+    load_interruptible: bool,
+    /// The loaded CPUs (every domain CPU but the reader's).
+    loaded_cpus: Vec<usize>,
+    /// Busy load threads in all.
     load_threads: usize,
     /// The overflow worker's period, in ms.
     overflow_interval_ms: f64,
@@ -113,6 +127,9 @@ fn resctrl_json(f: &ResctrlFigures) -> ResctrlJson {
         files: f.files,
         reader_cpu: f.reader_cpu,
         reader_domain: f.reader_domain,
+        load_threads_per_cpu: f.load.threads_per_cpu,
+        load_interruptible: f.load.interruptible,
+        loaded_cpus: f.loaded_cpus.clone(),
         load_threads: f.load_threads,
         overflow_interval_ms: f.overflow_interval.as_secs_f64() * 1e3,
         violations: f.violations,
@@ -130,6 +147,10 @@ fn resctrl_json(f: &ResctrlFigures) -> ResctrlJson {
                 reads: p.reads,
                 hold_avg_us: us(p.hold_avg),
                 hold_max_us: us(p.hold_max),
+                remote_reads: p.remote_reads,
+                executor_wait_avg_us: us(p.executor_wait_avg),
+                executor_wait_max_us: us(p.executor_wait_max),
+                mutex_waits: p.mutex_waits,
                 off_cpu_us: us(p.off_cpu),
                 voluntary_switches: p.voluntary_switches,
                 worker_runs: p.counts.worker_runs,
@@ -151,7 +172,11 @@ fn resctrl_json(f: &ResctrlFigures) -> ResctrlJson {
 pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     let mut config = FiguresConfig::default();
     if let Some(g) = &args.groups {
-        config.groups = validate::int_in("--groups", g, 1, 4095)? as usize;
+        config.groups = Some(validate::int_in("--groups", g, 1, 4095)? as usize);
+    }
+    if let Some(l) = &args.load {
+        config.load.threads_per_cpu =
+            validate::int_in("--load", l, 0, resctrl::MAX_THREADS_PER_CPU as u64)? as usize;
     }
     if let Some(p) = &args.passes {
         config.passes = validate::int_in("--passes", p, 1, 1000)? as usize;
@@ -162,8 +187,9 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     let start_time = rt::rt_timestamp();
     if !args.quiet {
         eprintln!(
-            "qpw-emu resctrl: {} groups, {} passes per read path, from qpw_workloads::resctrl::measure_read_paths",
-            config.groups, config.passes
+            "qpw-emu resctrl: {} passes per read path, {} busy threads per loaded CPU, from \
+             qpw_workloads::resctrl::measure_read_paths",
+            config.passes, config.load.threads_per_cpu
         );
     }
     let figures = resctrl::measure_read_paths(&config).context("resctrl figures")?;
@@ -172,7 +198,7 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     let _ = writeln!(
         s,
         "resctrl read paths: {} files per pass ({} groups x {} events x {} domains), reader cpu {} \
-         (domain {}), {} busy load threads; {}{}",
+         (domain {}), {} busy load threads ({} on each of cpus {:?}); {}{}",
         j.files,
         j.groups,
         j.events,
@@ -180,6 +206,8 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
         j.reader_cpu,
         j.reader_domain,
         j.load_threads,
+        j.load_threads_per_cpu,
+        j.loaded_cpus,
         j.cpus,
         if j.logical {
             " (logical CPUs: compare paths with each other, not with the seed's figures)"
@@ -189,7 +217,7 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     );
     let _ = writeln!(
         s,
-        "{:<10} {:>9} {:>12} {:>12} {:>11} {:>11} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>8}",
+        "{:<10} {:>9} {:>12} {:>12} {:>11} {:>11} {:>11} {:>12} {:>11} {:>11} {:>7} {:>7} {:>7} {:>7} {:>8}",
         "path",
         "setup ms",
         "pass avg ms",
@@ -197,6 +225,8 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
         "local us",
         "hold avg us",
         "hold max us",
+        "wait avg us",
+        "wait max us",
         "off-cpu ms",
         "worker",
         "irq",
@@ -207,7 +237,7 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     for p in &j.paths {
         let _ = writeln!(
             s,
-            "{:<10} {:>9.1} {:>12.1} {:>12.1} {:>11.1} {:>11.2} {:>11.1} {:>11.1} {:>7} {:>7} {:>7} {:>7} {:>8}",
+            "{:<10} {:>9.1} {:>12.2} {:>12.2} {:>11.1} {:>11.2} {:>11.1} {:>12.1} {:>11.1} {:>11.1} {:>7} {:>7} {:>7} {:>7} {:>8}",
             p.path,
             p.setup_us / 1e3,
             p.pass_avg_us / 1e3,
@@ -215,6 +245,8 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
             p.local_pass_avg_us,
             p.hold_avg_us,
             p.hold_max_us,
+            p.executor_wait_avg_us,
+            p.executor_wait_max_us,
             p.off_cpu_us / 1e3,
             p.worker_runs,
             p.interrupts,
@@ -223,6 +255,11 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
             p.interruptions
         );
     }
+    let _ = writeln!(
+        s,
+        "wait: the reader's wait, rdtgroup_mutex held, for the worker or the interrupted thread \
+         that executed a read, per read executed elsewhere; off-cpu: over the passes"
+    );
     if j.violations > 0 {
         let _ = writeln!(
             s,
@@ -246,7 +283,9 @@ struct PoolRunJson {
     threads: usize,
     /// Messages delivered.
     messages: u64,
-    /// Messages whose bytes were wrong (must be 0).
+    /// Hook runs: one get/use/put of a buffer on one CPU per `write` and per `read`.
+    hooks: u64,
+    /// Hook runs whose buffer was used by another hook at the same time (must be 0).
     corrupt: u64,
     /// Wall time in ms.
     elapsed_ms: f64,
@@ -262,8 +301,6 @@ struct PoolRunJson {
     local_hits: u64,
     /// Puts returned to another CPU's pool.
     remote_returns: u64,
-    /// The most buffers in use at once.
-    max_in_use: u64,
     /// Buffers allocated.
     allocated: u64,
     /// Double hand-outs or returns (must be 0).
@@ -279,6 +316,8 @@ struct PoolJson {
     cpus: String,
     /// Whether they were logical.
     logical: bool,
+    /// `pipe` or `socketpair`.
+    transport: String,
     /// One entry per design and thread count.
     runs: Vec<PoolRunJson>,
 }
@@ -294,6 +333,12 @@ fn pool_json(f: &PoolFigures) -> PoolJson {
         tool: "pool".into(),
         cpus: f.cpus.clone(),
         logical: f.logical,
+        transport: f
+            .runs
+            .first()
+            .map_or(pool::Transport::default(), |r| r.transport)
+            .name()
+            .to_string(),
         runs: f
             .runs
             .iter()
@@ -301,6 +346,7 @@ fn pool_json(f: &PoolFigures) -> PoolJson {
                 design: r.design.name().to_string(),
                 threads: r.threads,
                 messages: r.messages,
+                hooks: r.hooks,
                 corrupt: r.corrupt,
                 elapsed_ms: r.elapsed.as_secs_f64() * 1e3,
                 messages_per_sec: r.messages_per_sec,
@@ -311,7 +357,6 @@ fn pool_json(f: &PoolFigures) -> PoolJson {
                 cas_retries: r.stats.cas_retries,
                 local_hits: r.stats.local_hits,
                 remote_returns: r.stats.remote_returns,
-                max_in_use: r.stats.max_in_use,
                 allocated: r.stats.allocated,
                 violations: r.stats.violations,
             })
@@ -328,18 +373,32 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
     if let Some(path) = &args.json {
         crate::validate::output_file("--json", path)?;
     }
+    if let Some(t) = &args.transport {
+        config.transport = match t.as_str() {
+            "pipe" => pool::Transport::Pipe,
+            "socketpair" => pool::Transport::Socketpair,
+            _ => anyhow::bail!("--transport {t}: must be pipe or socketpair"),
+        };
+    }
     let start_time = rt::rt_timestamp();
     if !args.quiet {
         eprintln!(
-            "qpw-emu pool: hackbench ({} fds per group, {} loops) on each design at {:?} groups, \
-             from qpw_workloads::pool::pool_figures",
-            config.fds, config.loops, config.groups
+            "qpw-emu pool: hackbench ({} fds per group, {} loops, {}s, AppArmor's hook on every \
+             read and write) on each design at {:?} groups, from qpw_workloads::pool::pool_figures",
+            config.fds,
+            config.loops,
+            config.transport.name(),
+            config.groups
         );
     }
     let figures = pool::pool_figures(&config).context("pool figures")?;
     let j = pool_json(&figures);
     let mut s = String::new();
-    let _ = writeln!(s, "buffer pools under hackbench; {}", j.cpus);
+    let _ = writeln!(
+        s,
+        "buffer pools under hackbench ({}s, a get/use/put hook per read and write); {}",
+        j.transport, j.cpus
+    );
     let _ = writeln!(
         s,
         "{:<13} {:>7} {:>9} {:>10} {:>12} {:>9} {:>10} {:>9} {:>10} {:>9} {:>9}",
@@ -374,7 +433,7 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
         if r.corrupt > 0 || r.violations > 0 {
             let _ = writeln!(
                 s,
-                "warning: {} corrupt messages, {} ownership violations",
+                "warning: {} hooks saw their buffer used by another, {} ownership violations",
                 r.corrupt, r.violations
             );
         }

@@ -165,7 +165,8 @@ fn figures_sweep_designs_and_thread_counts() {
         let groups = [1, 2][i % 2];
         assert_eq!(run.threads, groups * 2 * 2);
         assert_eq!(run.messages, (groups * 2 * 2 * 20) as u64);
-        assert_eq!(run.stats.gets, run.messages);
+        assert_eq!(run.stats.gets, 2 * run.messages);
+        assert_eq!(run.hooks, 2 * run.messages);
         assert_eq!(run.corrupt, 0);
         assert!(run.messages_per_sec > 0.0);
     }

@@ -3,8 +3,8 @@
 #![cfg(not(loom))]
 
 use qpw_workloads::resctrl::{
-    measure_read_paths, Config, DomainLayout, Event, FiguresConfig, ReadPath, ReadValue, Resctrl,
-    ResctrlError,
+    measure_read_paths, Config, DomainLayout, Event, FiguresConfig, FleetLoad, ReadPath, ReadValue,
+    Resctrl, ResctrlError,
 };
 
 fn small() -> Resctrl {
@@ -181,14 +181,18 @@ fn figures_have_the_shape_the_emulator_expects() {
             domains: 2,
             cpus_per_domain: 2,
         },
-        groups: 2,
+        groups: Some(2),
         passes: 2,
+        load: FleetLoad {
+            threads_per_cpu: 2,
+            interruptible: true,
+        },
         ..FiguresConfig::default()
     })
     .unwrap();
     assert!(figures.logical);
     assert_eq!(figures.files, 2 * 3 * 2);
-    assert_eq!(figures.load_threads, 3);
+    assert_eq!(figures.load_threads, 3 * 2);
     assert_eq!((figures.reader_cpu, figures.reader_domain), (0, 0));
     assert_eq!(figures.violations, 0);
     let paths: Vec<ReadPath> = figures.paths.iter().map(|p| p.path).collect();
@@ -218,7 +222,7 @@ fn figures_have_the_shape_the_emulator_expects() {
     assert!(wq.cached_age_max.is_none());
 
     let err = measure_read_paths(&FiguresConfig {
-        groups: 0,
+        groups: Some(0),
         ..FiguresConfig::default()
     })
     .unwrap_err();

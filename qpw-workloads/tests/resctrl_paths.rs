@@ -2,10 +2,13 @@
 //! the hardware across counter wraps.
 #![cfg(not(loom))]
 
+mod resctrl_common;
+
 use qpw_core::sync::{Arc, AtomicBool, Ordering};
 
 use qpw_core::CpuSet;
 use qpw_workloads::resctrl::{Config, DomainLayout, Event, Executor, ReadPath, ReadValue, Resctrl};
+use resctrl_common::emulated;
 
 /// Two domains of one real CPU each (CPUs 0 and 1), or `None` on a machine without both.
 fn two_real_domains(config: Config) -> Option<Resctrl> {
@@ -23,18 +26,6 @@ fn two_real_domains(config: Config) -> Option<Resctrl> {
         })
         .unwrap(),
     )
-}
-
-fn emulated(domains: usize, cpus_per_domain: usize, config: Config) -> Resctrl {
-    Resctrl::new(Config {
-        layout: DomainLayout::Emulated {
-            domains,
-            cpus_per_domain,
-        },
-        overflow_interval: None,
-        ..config
-    })
-    .unwrap()
 }
 
 #[test]

@@ -1,52 +1,74 @@
 //! The read-path figures of seed 002, measured on the model.
 //!
-//! Shakeel Butt's RFC measured, with the domain CPUs busy and readers copying the fleet's
-//! agents: the `rdtgroup_mutex` hold per read (350 us -> 4 us average, 3.4 ms -> 109 us worst),
-//! the time the reader was off-CPU while holding it (9 s per minute -> 0), and one pass over
-//! 750 files (360 ms -> 7.4 ms). Peter Newman's fastcat (seed 000) separates the setup (opening
-//! the files) from the reads, and measures a pass over the reader's own domain (3.25 M -> 1.22
-//! M cycles with the local fast path). [`measure_read_paths`] does all of that for each
-//! [`ReadPath`]: a busy load thread on every domain CPU but the reader's, each registered as
-//! the thread the interrupt path interrupts; a reader bound to a CPU of domain 0 opening
-//! `groups x 3 events x domains` files once and reading them pass after pass.
+//! Shakeel Butt's RFC measured, on a 316-CPU machine with busy target CPUs and readers copying
+//! the fleet's agents: the `rdtgroup_mutex` hold per read (350 us -> 4 us average, 3.4 ms ->
+//! 109 us worst), the time the reader was off-CPU while holding it (9 s per minute -> 0), and
+//! one pass over 750 files (360 ms -> 7.4 ms). Peter Newman's fastcat (seed 000) separates the
+//! setup (opening the files) from the reads, and measures a pass over the reader's own domain
+//! (3.25 M -> 1.22 M cycles with the local fast path). [`measure_read_paths`] does all of that
+//! for each [`ReadPath`]: a fleet load ([`FleetLoad`]: several busy threads) on every domain CPU
+//! but the reader's, each registered as a thread the interrupt path may interrupt; a reader
+//! bound to a CPU of domain 0 opening `groups x 3 events x domains` files once and reading
+//! them pass after pass.
 //!
-//! On a machine with fewer CPUs than the layout, the CPUs are logical ones multiplexed onto the
-//! physical ones ([`ResctrlFigures::logical`] says so): a worker or an interrupted thread then
-//! waits for the physical CPU like everything else, so compare the paths with each other in one
-//! run, as ratios and counts, not with the seed's absolute numbers. On a small machine a
-//! [`DomainLayout::Physical`] layout of one CPU per domain (`{0}`, `{1}`) is the faithful one:
-//! each load thread then really is the thread running on its CPU, and a signal reaches it at
-//! once, as an IPI would. On this project's 2-CPU VM that layout gave, per read (one run,
-//! 25 groups, 150 files): workqueue 34 us average hold (3.9 ms worst, off-CPU while holding),
-//! interrupt 8 us (65 us worst, never off-CPU), cached 0.1 us; the seed's 350 us -> 4 us.
-//! The figures' [`ResctrlFigures::notes`] say which caveats apply to a run.
+//! The default layout is one domain per allowed physical CPU (at most ten), with as many
+//! groups as make seed 002's 750 files: ten domains emulated with logical CPUs on a small
+//! machine make every thread wait for a multiplexed core and measure the multiplexing, not
+//! the read paths. With logical CPUs ([`ResctrlFigures::logical`] says so) compare the paths
+//! with each other in one run, as ratios and counts, not with the seed's absolute numbers. The
+//! figures' [`ResctrlFigures::notes`] say which caveats apply to a run.
 
 use std::time::{Duration, Instant};
 
-use qpw_core::sync::{thread, Arc, AtomicBool, AtomicU64, Ordering};
+use qpw_core::sync::Arc;
+use qpw_core::CpuSet;
 
+use super::load::{with_fleet_load, FleetLoad, LoadThreads};
+use super::stats::avg;
 use super::{
-    avg, BandwidthSource, Config, ConstantBandwidth, DomainLayout, Event, Fastcat, PathCounts,
-    ReadPath, Resctrl, ResctrlError, MBM_CNTR_WIDTH_BASE, MBM_OVERFLOW_INTERVAL,
+    BandwidthSource, Config, ConstantBandwidth, DomainLayout, Event, Fastcat, PathCounts, ReadPath,
+    Resctrl, ResctrlError, MBM_CNTR_WIDTH_BASE, MBM_OVERFLOW_INTERVAL,
 };
+
+/// Files in one pass in seed 002 (25 groups x 3 events x 10 domains).
+pub const SEED_002_FILES: usize = 750;
+
+/// The most domains [`FiguresConfig::default`] makes of the allowed CPUs (seed 002's ten).
+const MAX_DEFAULT_DOMAINS: usize = 10;
+
+/// One domain per allowed physical CPU, at most ten, or two emulated domains of one logical
+/// CPU each when only one CPU is allowed (or the allowed set cannot be read).
+pub fn one_domain_per_cpu() -> DomainLayout {
+    match qpw_core::allowed_cpus() {
+        Ok(allowed) if allowed.len() >= 2 => DomainLayout::Physical(
+            allowed
+                .iter()
+                .take(MAX_DEFAULT_DOMAINS)
+                .map(|cpu| CpuSet::from_iter([cpu]))
+                .collect(),
+        ),
+        _ => DomainLayout::Emulated {
+            domains: 2,
+            cpus_per_domain: 1,
+        },
+    }
+}
 
 /// What to measure.
 #[derive(Debug, Clone)]
 pub struct FiguresConfig {
-    /// The domains (default: 10 emulated domains of 1 CPU, so 750 files with 25 groups).
+    /// The domains (default: [`one_domain_per_cpu`]).
     pub layout: DomainLayout,
-    /// Monitoring groups read (1-4095; default 25).
-    pub groups: usize,
+    /// Monitoring groups read (1-4095; `None`, the default: as many as make
+    /// [`SEED_002_FILES`] files over the layout's domains, at least one).
+    pub groups: Option<usize>,
     /// Passes over all files per path (1-1000; default 2).
     pub passes: usize,
     /// The paths to measure, in order (default: all four).
     pub paths: Vec<ReadPath>,
-    /// Whether a busy load thread runs on every domain CPU but the reader's (default: yes).
-    pub load: bool,
-    /// Whether the load threads register as the threads the interrupt path interrupts
-    /// (default: yes). When not, the interrupt path signals an idle stand-in asleep on the
-    /// domain's housekeeping CPU, which the scheduler wakes like a worker.
-    pub interrupt_load: bool,
+    /// The load on every domain CPU but the reader's (default: four busy threads per CPU,
+    /// interruptible).
+    pub load: FleetLoad,
     /// The reader's CPU (default: the first CPU of domain 0).
     pub reader_cpu: Option<usize>,
     /// The overflow worker's period (default 1000 ms, `MBM_OVERFLOW_INTERVAL`).
@@ -62,15 +84,11 @@ pub struct FiguresConfig {
 impl Default for FiguresConfig {
     fn default() -> Self {
         Self {
-            layout: DomainLayout::Emulated {
-                domains: 10,
-                cpus_per_domain: 1,
-            },
-            groups: 25,
+            layout: one_domain_per_cpu(),
+            groups: None,
             passes: 2,
             paths: ReadPath::ALL.to_vec(),
-            load: true,
-            interrupt_load: true,
+            load: FleetLoad::default(),
             reader_cpu: None,
             overflow_interval: MBM_OVERFLOW_INTERVAL,
             counter_width: MBM_CNTR_WIDTH_BASE,
@@ -99,7 +117,11 @@ pub struct ResctrlFigures {
     pub reader_cpu: usize,
     /// The reader's domain.
     pub reader_domain: usize,
-    /// Busy load threads (one per domain CPU but the reader's, or none).
+    /// The load asked for.
+    pub load: FleetLoad,
+    /// The CPUs that were loaded (every domain CPU but the reader's, if any load).
+    pub loaded_cpus: Vec<usize>,
+    /// Busy load threads in all.
     pub load_threads: usize,
     /// The overflow worker's period.
     pub overflow_interval: Duration,
@@ -134,17 +156,27 @@ pub struct PathFigures {
     pub hold_avg: Duration,
     /// Longest hold.
     pub hold_max: Duration,
-    /// Time the reader was off-CPU while holding the mutex, over all reads.
+    /// Reads executed by another thread (a worker or an interrupted thread).
+    pub remote_reads: u64,
+    /// Average wait of the reader for that other thread, mutex held, per remote read.
+    pub executor_wait_avg: Duration,
+    /// Longest such wait.
+    pub executor_wait_max: Duration,
+    /// Reads that had to wait for the mutex itself.
+    pub mutex_waits: u64,
+    /// Time the reader was off-CPU during the passes over all files (read once per pass).
     pub off_cpu: Duration,
-    /// Voluntary context switches of the reader while holding the mutex (`ru_nvcsw`).
+    /// Voluntary context switches of the reader during those passes (`ru_nvcsw`).
     pub voluntary_switches: u64,
     /// How the reads were executed.
     pub counts: PathCounts,
     /// Times a thread on a domain CPU was interrupted to do a read (load threads and idle
     /// stand-ins).
     pub interruptions: u64,
-    /// Involuntary context switches of the load threads (a worker or the reader preempting
-    /// them).
+    /// Of those, the idle stand-ins' (a domain with no registered thread).
+    pub stand_in_interruptions: u64,
+    /// Involuntary context switches of the load threads during the passes over all files (a
+    /// worker, the reader or another load thread preempting them).
     pub load_involuntary_switches: u64,
     /// Average age of the values returned from the cache (cached path only).
     pub cached_age_avg: Option<Duration>,
@@ -167,18 +199,6 @@ fn check(what: &'static str, value: usize, lo: usize, hi: usize) -> Result<(), R
     }
 }
 
-/// A load thread's involuntary context switches, from `/proc/self/task/<tid>/status`.
-fn nivcsw(tid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 fn notes(resctrl: &Resctrl, config: &FiguresConfig, load_threads: usize) -> Vec<String> {
     let mut notes = Vec::new();
     if resctrl.qpw().is_logical() {
@@ -187,40 +207,45 @@ fn notes(resctrl: &Resctrl, config: &FiguresConfig, load_threads: usize) -> Vec<
              reader each wait for their physical CPU, so compare paths within this run only",
             resctrl.qpw().cpus().len()
         ));
-        if load_threads > 0 && config.interrupt_load {
-            notes.push(
-                "interrupted load threads are runnable, not running, most of the time: a \
-                 signal waits for the thread's next turn (no wakeup boost, unlike a worker), \
-                 which a kernel IPI never does; use a physical layout, or interrupt_load = \
-                 false, for the interrupt path's own cost"
-                    .to_string(),
-            );
-        }
     }
     if load_threads == 0 {
         notes.push("no load threads: the domain CPUs were idle".to_string());
+    } else if !config.load.interruptible {
+        notes.push(
+            "the load threads were not interruptible: the interrupt path signalled idle \
+             stand-ins, which wait for their turn on the busy CPUs like a worker"
+                .to_string(),
+        );
     }
     notes
 }
 
+/// The groups to read: as asked, or as many as make [`SEED_002_FILES`] files.
+fn groups_for(config: &FiguresConfig, domains: usize) -> Result<usize, ResctrlError> {
+    let groups = config
+        .groups
+        .unwrap_or((SEED_002_FILES / (Event::ALL.len() * domains.max(1))).max(1));
+    check("groups", groups, 1, 4095)?;
+    Ok(groups)
+}
+
 /// Measures every asked-for read path: see the module docs. Each path costs `passes` passes
-/// over all files plus `passes` over the reader's domain's files; with busy logical CPUs a
-/// workqueue or interrupt read can take milliseconds, so a default run (750 files, 2 passes)
-/// takes seconds to minutes.
+/// over all files plus `passes` over the reader's domain's files; with busy CPUs a workqueue
+/// read waits for the scheduler's slice (milliseconds), so a default run takes seconds.
 pub fn measure_read_paths(config: &FiguresConfig) -> Result<ResctrlFigures, ResctrlError> {
-    check("groups", config.groups, 1, 4095)?;
     check("passes", config.passes, 1, 1000)?;
+    let groups = groups_for(config, config.layout.domains())?;
     let source: Arc<dyn BandwidthSource> = Arc::new(config.bandwidth);
     let resctrl = Resctrl::new(Config {
         layout: config.layout.clone(),
-        num_rmids: config.groups as u32 + 1,
+        num_rmids: groups as u32 + 1,
         counter_width: config.counter_width,
         overflow_interval: Some(config.overflow_interval),
         bandwidth: Some(source),
         call_timeout: config.call_timeout,
         ..Config::default()
     })?;
-    let names: Vec<String> = (0..config.groups).map(|g| format!("g{g:02}")).collect();
+    let names: Vec<String> = (0..groups).map(|g| format!("g{g:03}")).collect();
     for name in &names {
         resctrl.mkdir(name)?;
     }
@@ -241,7 +266,7 @@ pub fn measure_read_paths(config: &FiguresConfig) -> Result<ResctrlFigures, Resc
             hi: resctrl.qpw().cpus().last().unwrap_or(0),
         })?;
     let local_files = Resctrl::file_paths(&name_refs, &Event::ALL, &[reader_domain]);
-    let load_cpus: Vec<usize> = if config.load {
+    let loaded_cpus: Vec<usize> = if config.load.threads_per_cpu > 0 {
         resctrl
             .qpw()
             .cpus()
@@ -252,131 +277,105 @@ pub fn measure_read_paths(config: &FiguresConfig) -> Result<ResctrlFigures, Resc
         Vec::new()
     };
 
-    let stop = AtomicBool::new(false);
-    let tids: Vec<AtomicU64> = load_cpus.iter().map(|_| AtomicU64::new(0)).collect();
-    let started = AtomicU64::new(0);
     let resctrl = &resctrl;
-
-    thread::scope(|scope| {
-        // The load: a busy thread on every domain CPU but the reader's, registered as the
-        // thread the interrupt path interrupts there.
-        let mut loads = Vec::new();
-        for (i, &cpu) in load_cpus.iter().enumerate() {
-            let (stop, tids, started) = (&stop, &tids, &started);
-            loads.push(scope.spawn(move || -> Result<(), ResctrlError> {
-                let setup = (|| {
-                    let bound = resctrl.qpw().bind_current(cpu)?;
-                    let target = if config.interrupt_load {
-                        Some(resctrl.register_current_thread(cpu)?)
-                    } else {
-                        None
-                    };
-                    Ok::<_, ResctrlError>((bound, target))
-                })();
-                // SAFETY: `gettid` has no preconditions.
-                tids[i].store(unsafe { libc::gettid() } as u64, Ordering::Relaxed);
-                started.fetch_add(1, Ordering::Release);
-                let (_bound, _target) = setup?;
-                let mut x = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-                }
-                Ok(())
-            }));
-        }
-        while started.load(Ordering::Acquire) < load_cpus.len() as u64 {
-            thread::yield_now();
-        }
-
-        let reader = scope.spawn(|| -> Result<Vec<PathFigures>, ResctrlError> {
+    let (paths, load_threads) = with_fleet_load(resctrl, &loaded_cpus, config.load, |load| {
+        // The reader is the calling thread, bound for the measurement only.
+        let reader = || -> Result<Vec<PathFigures>, ResctrlError> {
             let _bound = resctrl.qpw().bind_current(reader_cpu)?;
             // A first sample for the cache (the rate files).
             resctrl.run_overflow_now();
-            let mut out = Vec::new();
-            for &path in &config.paths {
-                resctrl.set_read_path(path);
-                let all = Fastcat::open(resctrl, &all_files)?;
-                let local = Fastcat::open(resctrl, &local_files)?;
-                let interruptions = || -> u64 {
-                    resctrl
-                        .qpw()
-                        .cpus()
-                        .iter()
-                        .map(|c| resctrl.interruptions_on(c))
-                        .sum()
-                };
-                let load_switches = || -> u64 {
-                    tids.iter()
-                        .map(|t| nivcsw(t.load(Ordering::Relaxed) as i32))
-                        .sum()
-                };
-                resctrl.reset_stats();
-                let irq0 = interruptions();
-                let nivcsw0 = load_switches();
-                let mut total = Duration::ZERO;
-                let mut max = Duration::ZERO;
-                for _ in 0..config.passes {
-                    let pass = all.pass()?;
-                    total += pass.elapsed;
-                    max = max.max(pass.elapsed);
-                }
-                let hold = resctrl.hold_stats(path);
-                let counts = resctrl.path_counts();
-                let irqs = interruptions() - irq0;
-                let load_involuntary_switches = load_switches().saturating_sub(nivcsw0);
-                let local_start = Instant::now();
-                for _ in 0..config.passes {
-                    local.pass()?;
-                }
-                let local_total = local_start.elapsed();
-                let cached = path == ReadPath::Cached && hold.reads > 0;
-                out.push(PathFigures {
-                    path,
-                    setup: all.setup(),
-                    passes: config.passes,
-                    pass_avg: avg(total, config.passes as u64),
-                    pass_max: max,
-                    local_files: local.files().len(),
-                    local_pass_avg: avg(local_total, config.passes as u64),
-                    reads: hold.reads,
-                    hold_avg: hold.hold_avg(),
-                    hold_max: hold.hold_max,
-                    off_cpu: hold.off_cpu,
-                    voluntary_switches: hold.voluntary_switches,
-                    counts,
-                    interruptions: irqs,
-                    load_involuntary_switches,
-                    cached_age_avg: cached.then(|| avg(hold.age_total, hold.reads)),
-                    cached_age_max: cached.then_some(hold.age_max),
-                    non_values: hold.non_values,
-                });
-            }
-            Ok(out)
-        });
-        let paths = reader.join();
-        stop.store(true, Ordering::Relaxed);
-        for load in loads {
-            match load.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(ResctrlError::Panicked { what: "load" }),
-            }
-        }
-        let paths = paths.map_err(|_| ResctrlError::Panicked { what: "reader" })??;
-        Ok(ResctrlFigures {
-            cpus: resctrl.qpw().describe(),
-            logical: resctrl.qpw().is_logical(),
-            domains: resctrl.nr_domains(),
-            groups: config.groups,
-            events: Event::ALL.len(),
-            files: all_files.len(),
-            reader_cpu,
-            reader_domain,
-            load_threads: load_cpus.len(),
-            overflow_interval: config.overflow_interval,
-            paths,
-            violations: resctrl.violations(),
-            notes: notes(resctrl, config, load_cpus.len()),
+            config
+                .paths
+                .iter()
+                .map(|&path| measure_path(resctrl, config, path, &all_files, &local_files, load))
+                .collect()
+        };
+        (reader(), load.len())
+    })?;
+    Ok(ResctrlFigures {
+        cpus: resctrl.qpw().describe(),
+        logical: resctrl.qpw().is_logical(),
+        domains: resctrl.nr_domains(),
+        groups,
+        events: Event::ALL.len(),
+        files: all_files.len(),
+        reader_cpu,
+        reader_domain,
+        load: config.load,
+        loaded_cpus,
+        load_threads,
+        overflow_interval: config.overflow_interval,
+        paths: paths?,
+        violations: resctrl.violations(),
+        notes: notes(resctrl, config, load_threads),
+    })
+}
+
+/// One path's figures: `passes` passes over every file, then over the reader's own domain.
+fn measure_path(
+    resctrl: &Resctrl,
+    config: &FiguresConfig,
+    path: ReadPath,
+    all_files: &[String],
+    local_files: &[String],
+    load: &LoadThreads,
+) -> Result<PathFigures, ResctrlError> {
+    resctrl.set_read_path(path);
+    let all = Fastcat::open(resctrl, all_files)?;
+    let local = Fastcat::open(resctrl, local_files)?;
+    let interruptions = || -> (u64, u64) {
+        resctrl.qpw().cpus().iter().fold((0, 0), |(all, idle), c| {
+            (
+                all + resctrl.interruptions_on(c),
+                idle + resctrl.stand_in_interruptions_on(c),
+            )
         })
+    };
+    resctrl.reset_stats();
+    let irq0 = interruptions();
+    let nivcsw0 = load.involuntary_switches();
+    let (mut total, mut max, mut off_cpu, mut voluntary_switches) =
+        (Duration::ZERO, Duration::ZERO, Duration::ZERO, 0);
+    for _ in 0..config.passes {
+        let pass = all.pass()?;
+        total += pass.elapsed;
+        max = max.max(pass.elapsed);
+        off_cpu += pass.off_cpu;
+        voluntary_switches += pass.voluntary_switches;
+    }
+    let hold = resctrl.hold_stats(path);
+    let counts = resctrl.path_counts();
+    let irqs = interruptions();
+    let load_involuntary_switches = load.involuntary_switches().saturating_sub(nivcsw0);
+    let local_start = Instant::now();
+    for _ in 0..config.passes {
+        local.pass()?;
+    }
+    let local_total = local_start.elapsed();
+    let cached = path == ReadPath::Cached && hold.reads > 0;
+    Ok(PathFigures {
+        path,
+        setup: all.setup(),
+        passes: config.passes,
+        pass_avg: avg(total, config.passes as u64),
+        pass_max: max,
+        local_files: local.files().len(),
+        local_pass_avg: avg(local_total, config.passes as u64),
+        reads: hold.reads,
+        hold_avg: hold.hold_avg(),
+        hold_max: hold.hold_max,
+        remote_reads: hold.remote_reads,
+        executor_wait_avg: hold.executor_wait_avg(),
+        executor_wait_max: hold.executor_wait_max,
+        mutex_waits: hold.mutex_waits,
+        off_cpu,
+        voluntary_switches,
+        counts,
+        interruptions: irqs.0 - irq0.0,
+        stand_in_interruptions: irqs.1 - irq0.1,
+        load_involuntary_switches,
+        cached_age_avg: cached.then(|| avg(hold.age_total, hold.reads)),
+        cached_age_max: cached.then_some(hold.age_max),
+        non_values: hold.non_values,
     })
 }
