@@ -341,7 +341,7 @@ impl Timeline {
                 if !continues {
                     run_start = s.start;
                 }
-                let label = label_of(self, t, src, s.start, s.end);
+                let label = label_of(t, src, s.start, s.end);
                 let e = by.entry(label).or_insert_with(|| NoiseEntry {
                     class: src.class(),
                     ..NoiseEntry::default()
@@ -387,7 +387,7 @@ fn busiest_task(tl: &Timeline, t: &CpuTimeline) -> Option<i32> {
 }
 
 /// A source's name in reports: a kworker by the work function it ran then.
-fn label_of(tl: &Timeline, t: &CpuTimeline, src: &Source, start: u64, end: u64) -> String {
+fn label_of(t: &CpuTimeline, src: &Source, start: u64, end: u64) -> String {
     match src {
         Source::Task { pid, comm } => {
             let work = t
@@ -400,10 +400,7 @@ fn label_of(tl: &Timeline, t: &CpuTimeline, src: &Source, start: u64, end: u64) 
                 None => comm.clone(),
             }
         }
-        Source::Ctx(c) => {
-            let _ = tl;
-            c.label()
-        }
+        Source::Ctx(c) => c.label(),
     }
 }
 
