@@ -250,6 +250,7 @@ fn qpw_fields(
         settings: Some(settings),
         percentiles: figures,
         interruptions: None,
+        probe_preemptions: None,
         requester: outcome.and_then(|o| o.requester.clone()),
         load: outcome.map(|o| o.load.clone()),
         stopped_by: interrupted.then(|| "interrupted (SIGINT)".to_string()),
