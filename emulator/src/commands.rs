@@ -22,6 +22,7 @@ use crate::load::Phase;
 use crate::oslat::{self as probe, OslatRun};
 use crate::rt::{self, Warnings};
 use crate::scenario::{self, DrainSpec, Outcome};
+use crate::throttling::{RtThrottling, ThrottlingOff};
 use crate::validate;
 use crate::workload::WorkloadName;
 
@@ -118,6 +119,7 @@ pub fn resolve_drain(
     let load = validate::on_off("--load", &args.load)?;
     let every = validate::int_in("--local-op-every", &args.local_op_every, 1, 1_000_000)?;
     let timeout = validate::int_in("--drain-timeout", &args.drain_timeout, 1, 60_000)?;
+    let stall_threshold = validate::int_in("--stall-threshold", &args.stall_threshold, 1, 60_000)?;
     let mode = args.mode.as_deref().map(parse_mode).transpose()?;
     let workload = args
         .workload
@@ -174,12 +176,25 @@ pub fn resolve_drain(
         drain_rate_hz: rate,
         force,
         timeout: Duration::from_millis(timeout),
+        stall_threshold: Duration::from_millis(stall_threshold),
         load_cpus,
         requester_cpu,
         local_op_every: Duration::from_micros(every),
         requester_prio: None,
         target_cpu,
     }))
+}
+
+/// With `--no-rt-throttling`: RT throttling off until the guard drops (refused without root,
+/// before anything runs).
+pub fn throttling_for_run(
+    args: &DrainArgs,
+    warnings: &mut Warnings,
+    quiet: bool,
+) -> Result<Option<ThrottlingOff>> {
+    args.no_rt_throttling
+        .then(|| ThrottlingOff::for_run(warnings, quiet))
+        .transpose()
 }
 
 /// `queue` or `remote`.
@@ -252,6 +267,7 @@ fn qpw_fields(
         interruptions: None,
         probe_preemptions: None,
         requester: outcome.and_then(|o| o.requester.clone()),
+        rt_throttling: None,
         load: outcome.map(|o| o.load.clone()),
         stopped_by: interrupted.then(|| "interrupted (SIGINT)".to_string()),
         interrupted,
@@ -351,6 +367,14 @@ pub fn print_requester(o: &Outcome) {
             r.cpus_remote,
             r.cpus_skipped
         );
+        if r.stalls > 0 {
+            let longest = r.stall_waits_ms.iter().copied().fold(0.0, f64::max);
+            println!(
+                "# qpw-emu   {} stalls: drains that gave up after {} ms or waited {} ms or more \
+                 (longest {longest:.1} ms; each wait in the JSON)",
+                r.stalls, r.timeout_ms, r.stall_threshold_ms
+            );
+        }
         if let Some(e) = &r.first_error {
             println!("# qpw-emu   first drain error: {e}");
         }
@@ -386,6 +410,12 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
     let mut warnings = Warnings::default();
     let _rt = rt::prepare(true, &mut warnings, quiet);
     rt::catch_sigint(&mut warnings, quiet);
+    // After Ctrl-C is taken: a signal must not end the process before the guard restores.
+    let throttling_off = throttling_for_run(&args.drain, &mut warnings, quiet)?;
+    let throttling = RtThrottling::read(throttling_off.as_ref());
+    if !quiet {
+        println!("qpw-emu load: {}", throttling.line());
+    }
     let setup = scenario::setup(&spec)?;
     if let (false, Some(k)) = (quiet, spec.workload.kernel()) {
         for l in crate::kernel::info::KernelInfo::read().lines() {
@@ -452,6 +482,7 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
             free: free.to_string(),
             seconds: start.elapsed().as_secs_f64(),
             requester: outcome.requester.clone(),
+            rt_throttling: throttling,
             load: outcome.load.clone(),
             warnings: warnings.list().to_vec(),
         };
@@ -477,6 +508,8 @@ struct LoadBody {
     seconds: f64,
     /// The requester's figures.
     requester: Option<crate::load::RequesterReport>,
+    /// The kernel's RT throttling during the run.
+    rt_throttling: RtThrottling,
     /// The process-context load's figures.
     load: crate::load::LoadReport,
     /// Setup steps that failed.

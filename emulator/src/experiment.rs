@@ -43,6 +43,10 @@ use crate::trace::{tracefs, Session};
 use crate::validate;
 use crate::workload::WorkloadName;
 
+/// A drain that waits this long counts as a stall: well under RT throttling's 1 s period, in
+/// which a starved worker gets in after 0.95 s (see `--stall-threshold`).
+const STALL_THRESHOLD: Duration = Duration::from_millis(100);
+
 /// Gap histogram: 100 ns buckets up to 500 us, exact past that.
 const GAP_WIDTH_NS: u64 = 100;
 const GAP_BUCKETS: usize = 5000;
@@ -444,6 +448,7 @@ impl Ctx {
             drain_rate_hz: acc.rate,
             force: false,
             timeout: Duration::from_secs(1),
+            stall_threshold: STALL_THRESHOLD,
             load_cpus: self.cpus.allowed.difference(&target_set),
             requester_cpu: self.housekeeping,
             local_op_every: self.every,
@@ -744,6 +749,7 @@ impl Ctx {
             interruptions,
             probe_preemptions: Some(probe_preemptions),
             requester: acc.requester.as_ref().map(|r| r.0.clone()),
+            rt_throttling: Some(crate::throttling::RtThrottling::read(None)),
             load: Some(acc.load.clone()),
             stopped_by: acc.cut_short.then(|| "interrupted (SIGINT)".to_string()),
             interrupted: acc.cut_short,

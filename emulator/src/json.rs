@@ -186,6 +186,9 @@ pub struct QpwFields {
     pub probe_preemptions: Option<ProbePreemptions>,
     /// The requester's drains.
     pub requester: Option<RequesterReport>,
+    /// The kernel's RT throttling during the run (with a drain load).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rt_throttling: Option<crate::throttling::RtThrottling>,
     /// The process-context load.
     pub load: Option<LoadReport>,
     /// Why the run stopped early, if it did.

@@ -194,6 +194,14 @@ fn bad_oslat_values_name_the_flag_and_range() {
             ["--local-op-every 0", "1-1000000"],
         ),
         ("oslat --drain-timeout 0", ["--drain-timeout 0", "1-60000"]),
+        (
+            "oslat --stall-threshold 0",
+            ["--stall-threshold 0", "1-60000"],
+        ),
+        (
+            "load --stall-threshold 60001",
+            ["--stall-threshold 60001", "1-60000"],
+        ),
         ("oslat --load maybe", ["--load maybe", "`on` or `off`"]),
         ("oslat --mode fast", ["--mode fast", "`queue` or `remote`"]),
         (
