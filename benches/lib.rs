@@ -646,6 +646,74 @@ pub fn drain_table(root: &Path, group: &str) -> String {
     table.finish()
 }
 
+/// What each CPU adds to a drain between two sizes of the sweep, `(cpus, cost)` each: the
+/// difference of the costs over the difference of the CPU counts. A fixed cost that every size
+/// pays (the kernel's `drain_all_stock` pays about 37 000 cycles in both modes) cancels out.
+///
+/// ```
+/// // The kernel's remote drain_all_stock, 8 and 128 CPUs: about 159 cycles per CPU.
+/// let per_cpu = qpw_benches::per_cpu_cost((8, 39_027.0), (128, 58_054.0)).unwrap();
+/// assert_eq!(per_cpu.round(), 159.0);
+/// assert_eq!(qpw_benches::per_cpu_cost((8, 1.0), (8, 2.0)), None);
+/// ```
+pub fn per_cpu_cost(lo: (usize, f64), hi: (usize, f64)) -> Option<f64> {
+    (hi.0 > lo.0).then(|| (hi.1 - lo.1) / (hi.0 - lo.0) as f64)
+}
+
+/// The sizes between which [`drain_marginal_line`] takes the cost per CPU: the two largest the
+/// seed has kernel figures for.
+pub const MARGINAL_CPUS: (usize, usize) = (8, 128);
+
+/// FIDELITY 12's trend, under the table of bench 2 for `group`: the kernel's remote/queue
+/// ratio falls with the CPU count (0.88 at 8 CPUs, 0.37 at 128) because both modes share a
+/// large fixed cost and the remote drain adds far less per CPU than queuing does. This line
+/// compares what each CPU adds, ours (in cycles at the VM's nominal clock; the queue side
+/// counted as scheduling only where the group measures it, else the whole drain) against the
+/// kernel's, and the remote/queue ratio of the two, which is where both ratios head as the CPU
+/// count grows.
+pub fn drain_marginal_line(root: &Path, group: &str) -> String {
+    let (lo, hi) = MARGINAL_CPUS;
+    let ours = |function: &str| {
+        let at = |n: usize| median_ns(root, group, function, Some(&n.to_string()));
+        per_cpu_cost((lo, at(lo)?), (hi, at(hi)?))
+    };
+    let queue_function =
+        if median_ns(root, group, QUEUE_SCHEDULE_ONLY, Some(&hi.to_string())).is_some() {
+            QUEUE_SCHEDULE_ONLY
+        } else {
+            "queue"
+        };
+    let (queue, remote) = (ours(queue_function), ours("remote"));
+    let kernel = |pick: fn(&(usize, u64, u64)) -> u64| {
+        let at = |n: usize| {
+            KERNEL_DRAIN_ALL_STOCK
+                .iter()
+                .find(|k| k.0 == n)
+                .map(|k| pick(k) as f64)
+        };
+        per_cpu_cost((lo, at(lo)?), (hi, at(hi)?))
+    };
+    let (kqueue, kremote) = (kernel(|k| k.1), kernel(|k| k.2));
+    let mhz = cpu_mhz();
+    let cycles = |ns: Option<f64>| match (ns, mhz) {
+        (Some(ns), Some(mhz)) => format!("{:.0}", ns * mhz / 1e3),
+        _ => "n/a".to_string(),
+    };
+    format!(
+        "Added per CPU from {lo} to {hi} CPUs: queue ({queue_function}) {} ≈ {} cycles, remote {} \
+         ≈ {} cycles, remote / queue {}; kernel `drain_all_stock`: queue (scheduling only) {} \
+         cycles, remote {} cycles, remote / queue {}.",
+        queue.map_or_else(|| "n/a".to_string(), fmt_ns),
+        cycles(queue),
+        remote.map_or_else(|| "n/a".to_string(), fmt_ns),
+        cycles(remote),
+        fmt_ratio(remote, queue),
+        kqueue.map_or_else(|| "n/a".to_string(), |c| format!("{c:.0}")),
+        kremote.map_or_else(|| "n/a".to_string(), |c| format!("{c:.0}")),
+        fmt_ratio(kremote, kqueue),
+    )
+}
+
 /// The file, beside criterion's estimates of one `under_load_fastpath` benchmark, in which the
 /// bench records how many drains the requester completed while the fast path was measured.
 pub fn drain_rate_path(root: &Path, function: &str) -> PathBuf {
@@ -907,6 +975,46 @@ mod tests {
         .expect("write");
         assert_eq!(median_ns(&dir, "g", "f", Some("8")), Some(7500.0));
         assert_eq!(median_ns(&dir, "g", "f", Some("9")), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_marginal_line_compares_costs_per_cpu_with_the_kernel() {
+        let dir = std::env::temp_dir().join(format!("qpw-benches-marginal-{}", std::process::id()));
+        let put = |function: &str, cpus: usize, ns: f64| {
+            let at = dir
+                .join("g")
+                .join(function)
+                .join(cpus.to_string())
+                .join("new");
+            std::fs::create_dir_all(&at).expect("temp dir");
+            let json = format!(r#"{{"median":{{"point_estimate":{ns}}}}}"#);
+            std::fs::write(at.join("estimates.json"), json).expect("write");
+        };
+        // Queue adds 1000 ns per CPU, remote 10 ns: ratio 0.01.
+        put("queue", 8, 8_000.0);
+        put("queue", 128, 128_000.0);
+        put("remote", 8, 500.0);
+        put("remote", 128, 1_700.0);
+        let line = drain_marginal_line(&dir, "g");
+        assert!(line.contains("queue (queue) 1.00 µs"), "{line}");
+        assert!(line.contains("remote 10.00 ns"), "{line}");
+        assert!(line.contains("remote / queue 0.0100;"), "{line}");
+        // The kernel's: (156275 - 43993) / 120 and (58054 - 39027) / 120 cycles.
+        assert!(
+            line.contains(
+                "queue (scheduling only) 936 cycles, remote 159 cycles, remote / queue 0.169."
+            ),
+            "{line}"
+        );
+        // With a scheduling-only figure, that is the queue side.
+        put(QUEUE_SCHEDULE_ONLY, 8, 800.0);
+        put(QUEUE_SCHEDULE_ONLY, 128, 12_800.0);
+        let line = drain_marginal_line(&dir, "g");
+        assert!(
+            line.contains("queue (queue_schedule_only) 100.00 ns"),
+            "{line}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -14,9 +14,9 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use qpw_benches::{
-    criterion_dir, drain_svg, drain_table, fast_path_bounds_table, local_table,
-    machine_description, pool_table, resctrl_table, under_load_tables, DRAIN_COUNTER, DRAIN_LRU,
-    DRAIN_MEMCG,
+    criterion_dir, drain_marginal_line, drain_svg, drain_table, fast_path_bounds_table,
+    local_table, machine_description, pool_table, resctrl_table, under_load_tables, DRAIN_COUNTER,
+    DRAIN_LRU, DRAIN_MEMCG,
 };
 
 fn main() {
@@ -60,6 +60,7 @@ fn main() {
     ] {
         let _ = writeln!(out, "### 2. Drain all: {title} (group `{group}`)\n");
         let _ = writeln!(out, "{}", drain_table(&root, group));
+        let _ = writeln!(out, "{}\n", drain_marginal_line(&root, group));
     }
     let _ = writeln!(
         out,

@@ -27,6 +27,8 @@ pub struct Spinner {
     handle: Option<thread::JoinHandle<()>>,
     /// The scheduling class the spinner got.
     pub class: SpinnerClass,
+    /// The spinner's thread id, for [`involuntary_switches`].
+    pub tid: i32,
 }
 
 impl Spinner {
@@ -46,7 +48,9 @@ impl Spinner {
                         Ok(()) => SpinnerClass::Fifo(priority),
                         Err(_) => SpinnerClass::Other,
                     };
-                    tx.send(class).expect("report the class");
+                    // SAFETY: `gettid` has no preconditions.
+                    let tid = unsafe { libc::gettid() };
+                    tx.send((class, tid)).expect("report the class");
                     started.store(true, Ordering::Release);
                     let deadline = Instant::now() + max;
                     while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
@@ -55,7 +59,7 @@ impl Spinner {
                 })
                 .expect("spawn the spinner")
         };
-        let class = rx.recv().expect("the spinner reports its class");
+        let (class, tid) = rx.recv().expect("the spinner reports its class");
         while !started.load(Ordering::Acquire) {
             thread::yield_now();
         }
@@ -63,6 +67,7 @@ impl Spinner {
             stop,
             handle: Some(handle),
             class,
+            tid,
         }
     }
 
@@ -83,6 +88,34 @@ impl Drop for Spinner {
     fn drop(&mut self) {
         self.halt();
     }
+}
+
+/// How often thread `tid` of this process has been preempted: `nonvoluntary_ctxt_switches` of
+/// `/proc/self/task/<tid>/status`. A vCPU the hypervisor does not run leaves it alone, so it counts
+/// what our own kernel did to the thread and nothing else.
+pub fn involuntary_switches(tid: i32) -> u64 {
+    let path = format!("/proc/self/task/{tid}/status");
+    let status = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{path} has no nonvoluntary_ctxt_switches line"))
+}
+
+/// The kernel's RT throttling: `sched_rt_runtime_us` of each `sched_rt_period_us` (-1: off), as
+/// text for test output.
+pub fn rt_throttling() -> String {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("/proc/sys/kernel/{f}"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|e| format!("unknown ({e})"))
+    };
+    format!(
+        "sched_rt_runtime_us {} of sched_rt_period_us {}",
+        read("sched_rt_runtime_us"),
+        read("sched_rt_period_us")
+    )
 }
 
 /// A fake sysfs tree whose online CPUs are the allowed ones and whose last allowed CPU is

@@ -136,6 +136,23 @@ pub struct DrainArgs {
         allow_hyphen_values = true
     )]
     pub drain_timeout: String,
+    /// A drain that waits this long or longer counts as a stall, with how long it waited, in
+    /// ms (1-60000). Well under RT throttling's period: throttling lets a starved worker run
+    /// after sched_rt_runtime_us (0.95 s by default), so a drain against a SCHED_FIFO probe
+    /// completes inside the 1 s timeout, yet it waited most of a second.
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value = "100",
+        allow_hyphen_values = true
+    )]
+    pub stall_threshold: String,
+    /// Turn the kernel's RT throttling off for the run (root only): writes -1 to
+    /// /proc/sys/kernel/sched_rt_runtime_us and restores the value at exit, Ctrl-C included.
+    /// A SCHED_FIFO task that never sleeps then keeps its CPU for as long as it runs, and so
+    /// does a queue-mode drain against it wait.
+    #[arg(long)]
+    pub no_rt_throttling: bool,
     /// The requester's CPU (default: a housekeeping CPU other than the measured ones).
     #[arg(long, value_name = "CPU", allow_hyphen_values = true)]
     pub requester_cpu: Option<String>,

@@ -22,6 +22,7 @@ use crate::load::Phase;
 use crate::oslat::{self as probe, OslatRun};
 use crate::rt::{self, Warnings};
 use crate::scenario::{self, DrainSpec, Outcome};
+use crate::throttling::{RtThrottling, ThrottlingOff};
 use crate::validate;
 use crate::workload::WorkloadName;
 
@@ -118,6 +119,7 @@ pub fn resolve_drain(
     let load = validate::on_off("--load", &args.load)?;
     let every = validate::int_in("--local-op-every", &args.local_op_every, 1, 1_000_000)?;
     let timeout = validate::int_in("--drain-timeout", &args.drain_timeout, 1, 60_000)?;
+    let stall_threshold = validate::int_in("--stall-threshold", &args.stall_threshold, 1, 60_000)?;
     // `auto` (or no --mode) is the kernel's rule (FIDELITY 5), for the measured CPU: remote when
     // it is isolated or nohz_full, queue otherwise.
     let mode = match args.mode.as_deref() {
@@ -179,6 +181,7 @@ pub fn resolve_drain(
         drain_rate_hz: rate,
         force,
         timeout: Duration::from_millis(timeout),
+        stall_threshold: Duration::from_millis(stall_threshold),
         load_cpus,
         requester_cpu,
         local_op_every: Duration::from_micros(every),
@@ -195,6 +198,18 @@ pub fn auto_mode(cpus: &Cpus, cpu: usize) -> Mode {
     } else {
         Mode::Queue
     }
+}
+
+/// With `--no-rt-throttling`: RT throttling off until the guard drops (refused without root,
+/// before anything runs).
+pub fn throttling_for_run(
+    args: &DrainArgs,
+    warnings: &mut Warnings,
+    quiet: bool,
+) -> Result<Option<ThrottlingOff>> {
+    args.no_rt_throttling
+        .then(|| ThrottlingOff::for_run(warnings, quiet))
+        .transpose()
 }
 
 /// `queue` or `remote`.
@@ -265,7 +280,9 @@ fn qpw_fields(
         settings: Some(settings),
         percentiles: figures,
         interruptions: None,
+        probe_preemptions: None,
         requester: outcome.and_then(|o| o.requester.clone()),
+        rt_throttling: None,
         load: outcome.map(|o| o.load.clone()),
         stopped_by: interrupted.then(|| "interrupted (SIGINT)".to_string()),
         interrupted,
@@ -365,6 +382,14 @@ pub fn print_requester(o: &Outcome) {
             r.cpus_remote,
             r.cpus_skipped
         );
+        if r.stalls > 0 {
+            let longest = r.stall_waits_ms.iter().copied().fold(0.0, f64::max);
+            println!(
+                "# qpw-emu   {} stalls: drains that gave up after {} ms or waited {} ms or more \
+                 (longest {longest:.1} ms; each wait in the JSON)",
+                r.stalls, r.timeout_ms, r.stall_threshold_ms
+            );
+        }
         if let Some(e) = &r.first_error {
             println!("# qpw-emu   first drain error: {e}");
         }
@@ -400,6 +425,12 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
     let mut warnings = Warnings::default();
     let _rt = rt::prepare(true, &mut warnings, quiet);
     rt::catch_sigint(&mut warnings, quiet);
+    // After Ctrl-C is taken: a signal must not end the process before the guard restores.
+    let throttling_off = throttling_for_run(&args.drain, &mut warnings, quiet)?;
+    let throttling = RtThrottling::read(throttling_off.as_ref());
+    if !quiet {
+        println!("qpw-emu load: {}", throttling.line());
+    }
     let setup = scenario::setup(&spec)?;
     if let (false, Some(k)) = (quiet, spec.workload.kernel()) {
         for l in crate::kernel::info::KernelInfo::read().lines() {
@@ -466,6 +497,7 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
             free: free.to_string(),
             seconds: start.elapsed().as_secs_f64(),
             requester: outcome.requester.clone(),
+            rt_throttling: throttling,
             load: outcome.load.clone(),
             warnings: warnings.list().to_vec(),
         };
@@ -491,6 +523,8 @@ struct LoadBody {
     seconds: f64,
     /// The requester's figures.
     requester: Option<crate::load::RequesterReport>,
+    /// The kernel's RT throttling during the run.
+    rt_throttling: RtThrottling,
     /// The process-context load's figures.
     load: crate::load::LoadReport,
     /// Setup steps that failed.

@@ -7,7 +7,10 @@
 //! 2. For each mm workload, **queue** then **remote**: the same, plus a requester on a
 //!    housekeeping CPU draining every CPU at a fixed rate. In queue mode each drain that finds
 //!    the target's cache non-empty wakes the target's worker, which preempts the probe; in
-//!    remote mode the requester takes the target's lock and drains it from its own CPU.
+//!    remote mode the requester takes the target's lock and drains it from its own CPU. The
+//!    probe counts its own involuntary context switches over each round, so each scenario
+//!    also reports *probe preemptions per drain* (FIDELITY 1): about 1 in queue mode, about 0
+//!    in remote mode, beside the gap-based figure that also carries the vCPU's own noise.
 //!
 //! The scenarios are **interleaved**: each of `--rounds` rounds (default 3) runs every scenario
 //! for its share of the duration, and each scenario's figures are the sum of its rounds. The
@@ -28,7 +31,7 @@ use crate::cli::RunArgs;
 use crate::clock::Calibration;
 use crate::commands::{note_outcome, oslat_json, Cpus};
 use crate::hist::Histogram;
-use crate::json::{self, Interruptions, QpwFields, Settings, ThreadFigures};
+use crate::json::{self, Interruptions, ProbePreemptions, QpwFields, Settings, ThreadFigures};
 use crate::kernel::info::KernelInfo;
 use crate::load::{LoadReport, Phase, RequesterReport};
 use crate::oslat::{self, OslatConfig, OslatRun};
@@ -39,6 +42,10 @@ use crate::svg::{self, Series};
 use crate::trace::{tracefs, Session};
 use crate::validate;
 use crate::workload::WorkloadName;
+
+/// A drain that waits this long counts as a stall: well under RT throttling's 1 s period, in
+/// which a starved worker gets in after 0.95 s (see `--stall-threshold`).
+const STALL_THRESHOLD: Duration = Duration::from_millis(100);
 
 /// Gap histogram: 100 ns buckets up to 500 us, exact past that.
 const GAP_WIDTH_NS: u64 = 100;
@@ -342,6 +349,8 @@ struct RoundPart {
     hist: Histogram,
     seconds: f64,
     target_drains: u64,
+    /// The probe thread's involuntary context switches.
+    probe_switches: u64,
 }
 
 /// One scenario's measurements, accumulated over the rounds.
@@ -355,6 +364,8 @@ struct Acc {
     seconds: f64,
     local_ops: u64,
     local_op_errors: u64,
+    /// The probe thread's involuntary context switches.
+    probe_switches: u64,
     requester: Option<(RequesterReport, crate::load::DrainTimes)>,
     load: LoadReport,
     target_drains: u64,
@@ -383,6 +394,7 @@ impl Acc {
             seconds: 0.0,
             local_ops: 0,
             local_op_errors: 0,
+            probe_switches: 0,
             requester: None,
             load: LoadReport::default(),
             target_drains: 0,
@@ -440,6 +452,7 @@ impl Ctx {
             drain_rate_hz: acc.rate,
             force: false,
             timeout: Duration::from_secs(1),
+            stall_threshold: STALL_THRESHOLD,
             load_cpus: self.cpus.allowed.difference(&target_set),
             requester_cpu: self.housekeeping,
             local_op_every: self.every,
@@ -497,6 +510,7 @@ impl Ctx {
         acc.seconds += thread.duration_s;
         acc.local_ops += thread.local_ops;
         acc.local_op_errors += thread.local_op_errors;
+        acc.probe_switches += thread.involuntary_switches;
         acc.target_drains += outcome.target_drains;
         acc.load.ops += outcome.load.ops;
         acc.load.errors += outcome.load.errors;
@@ -518,6 +532,7 @@ impl Ctx {
             hist: thread.hist.clone(),
             seconds: thread.duration_s,
             target_drains: outcome.target_drains,
+            probe_switches: thread.involuntary_switches,
         });
         acc.qpw_desc = qpw_desc;
         acc.rounds += 1;
@@ -711,6 +726,20 @@ impl Ctx {
                 excess_per_drain_by_round: by_round,
             }
         });
+        let per_drain =
+            |switches: u64, drains: u64| (drains > 0).then(|| switches as f64 / drains as f64);
+        let preemptions_by_round: Vec<Option<f64>> = acc
+            .by_round
+            .iter()
+            .map(|part| per_drain(part.probe_switches, part.target_drains))
+            .collect();
+        let probe_preemptions = ProbePreemptions {
+            count: acc.probe_switches,
+            drains_reaching_target: acc.target_drains,
+            per_drain: per_drain(acc.probe_switches, acc.target_drains),
+            per_drain_median: median(preemptions_by_round.iter().flatten()),
+            per_drain_by_round: preemptions_by_round,
+        };
         let spec_mode = (acc.rate > 0.0).then(|| acc.mode.name().to_string());
         let settings = Settings {
             bucket_width_ns: GAP_WIDTH_NS,
@@ -734,7 +763,9 @@ impl Ctx {
                 acc.local_op_errors,
             )],
             interruptions,
+            probe_preemptions: Some(probe_preemptions),
             requester: acc.requester.as_ref().map(|r| r.0.clone()),
+            rt_throttling: Some(crate::throttling::RtThrottling::read(None)),
             load: Some(acc.load.clone()),
             stopped_by: acc.cut_short.then(|| "interrupted (SIGINT)".to_string()),
             interrupted: acc.cut_short,
@@ -751,6 +782,7 @@ impl Ctx {
                 local_op_errors: acc.local_op_errors,
                 first_error: None,
                 tid: 0,
+                involuntary_switches: acc.probe_switches,
                 gaps: Vec::new(),
                 gaps_not_kept: 0,
             }],
@@ -858,7 +890,7 @@ impl Ctx {
             lines.push(format!(
                 "{w}: queue/remote drain p50 {}, p99 {}; target interruptions/s {:.0} vs {:.0} \
                  (idle {:.0}); excess interruptions per drain {} vs {} (median of the rounds; \
-                 by round {} vs {})",
+                 by round {} vs {}); probe preemptions per drain {} vs {}",
                 ratio(q.drain_p50, r.drain_p50),
                 ratio(q.drain_p99, r.drain_p99),
                 q.interruptions_per_s.unwrap_or(0.0),
@@ -868,6 +900,8 @@ impl Ctx {
                 two(r.excess_per_drain),
                 by_round(q),
                 by_round(r),
+                two(q.preemptions_per_drain),
+                two(r.preemptions_per_drain),
             ));
             if q.target_drains == Some(0) {
                 lines.push(format!(

@@ -181,8 +181,14 @@ pub struct QpwFields {
     pub percentiles: Vec<ThreadFigures>,
     /// Interruptions of the target, against the idle baseline.
     pub interruptions: Option<Interruptions>,
+    /// How often the probe thread was preempted (its involuntary context switches).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub probe_preemptions: Option<ProbePreemptions>,
     /// The requester's drains.
     pub requester: Option<RequesterReport>,
+    /// The kernel's RT throttling during the run (with a drain load).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rt_throttling: Option<crate::throttling::RtThrottling>,
     /// The process-context load.
     pub load: Option<LoadReport>,
     /// Why the run stopped early, if it did.
@@ -293,6 +299,28 @@ pub struct Interruptions {
     /// one round moves it less than it moves the pooled figure.
     #[serde(default)]
     pub excess_per_drain_median: Option<f64>,
+}
+
+/// The probe thread's preemptions: its involuntary context switches over the measuring windows.
+/// Beside [`Interruptions`] (gaps in the probe's loop) this needs no threshold and no baseline:
+/// a vCPU the hypervisor does not run stalls the loop but leaves this counter alone, so in
+/// queue mode it reads about one per drain that reached the target (the worker's wake-up
+/// preempts the probe) and in remote mode about none.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ProbePreemptions {
+    /// Involuntary context switches of the probe thread.
+    pub count: u64,
+    /// Drains that reached the target CPU (queued to it or run under its lock).
+    pub drains_reaching_target: u64,
+    /// `count` / drains reaching the target, pooled over the whole run.
+    pub per_drain: Option<f64>,
+    /// The same figure round by round (`qpw-emu run`); `None` for a round in which no drain
+    /// reached the target.
+    #[serde(default)]
+    pub per_drain_by_round: Vec<Option<f64>>,
+    /// The median of `per_drain_by_round`.
+    #[serde(default)]
+    pub per_drain_median: Option<f64>,
 }
 
 /// Histogram buckets as rt-tests writes them: an object of count by upper-edge label, in

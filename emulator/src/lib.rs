@@ -21,9 +21,12 @@
 //!   lock rather than being preempted); *per s*; *per drain*: (interruptions - idle rate x
 //!   seconds) / drains that reached the target, worked out for each round against the idle
 //!   rate of the same round, and the median of the rounds shown (the JSON has each round's
-//!   figure and the pooled one);
+//!   figure and the pooled one); *preempt*: the probe thread's involuntary context switches
+//!   per drain that reached the target (`getrusage(RUSAGE_THREAD)` around each round), which a
+//!   vCPU the hypervisor does not run leaves alone: about 1 in queue mode, about 0 in remote;
 //! - **requester** (right): drains done at the fixed rate, drain time p50, p99, max, and
-//!   *stalls* (drains whose queued work did not finish within the 1 s timeout).
+//!   *stalls* (drains that waited 100 ms or more for queued work, or gave up at the 1 s
+//!   timeout; RT throttling lets a worker starved by a `SCHED_FIFO` probe in after 0.95 s).
 //!
 //! Without isolated CPUs the machine's noise is in every figure, so the modes are compared as
 //! ratios and counts within the run; the notes under the table say so, and say why when a
@@ -61,6 +64,7 @@ pub mod scenario;
 pub mod signals;
 pub mod svg;
 pub mod threads;
+pub mod throttling;
 pub mod trace;
 pub mod trace_cmd;
 pub mod validate;

@@ -6,8 +6,10 @@
 //! a drain overran one or more periods it skips the missed slots (and counts them) rather than
 //! firing a burst. Each drain is timed from the requester's side: in queue mode that includes
 //! waiting for the target CPU's worker to get the CPU; in remote mode it is the time to take
-//! each CPU's lock and do the work. A drain whose queued work did not finish within the timeout
-//! is a *stall*.
+//! each CPU's lock and do the work. A drain whose queued work did not finish within the timeout,
+//! or that waited the stall threshold or longer (100 ms by default, well under RT throttling's
+//! period, which lets a starved worker in after 0.95 s: see [`crate::throttling`]), is a
+//! *stall*; the report lists how long each one waited.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -68,8 +70,10 @@ pub struct LoadConfig {
     pub drain_rate_hz: f64,
     /// Forced drains reach every CPU even when its cache is empty.
     pub force: bool,
-    /// How long a drain waits for queued work before it counts a stall.
+    /// How long a drain waits for queued work before it gives up (and counts a stall).
     pub timeout: Duration,
+    /// A drain that takes at least this long counts as a stall too.
+    pub stall_threshold: Duration,
     /// The CPUs that run a process-context thread (empty: none).
     pub load_cpus: CpuSet,
     /// Operations per burst of a process-context thread.
@@ -150,6 +154,9 @@ impl DrainTimes {
     }
 }
 
+/// The most stall waits a [`RequesterReport`] lists.
+pub const STALL_WAITS_KEPT: usize = 1000;
+
 /// What the requester saw, for the report.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct RequesterReport {
@@ -163,8 +170,17 @@ pub struct RequesterReport {
     pub timeout_ms: u64,
     /// Drains done.
     pub drains: u64,
-    /// Drains in which some CPU's queued work did not finish within the timeout.
+    /// Drains that stalled: some CPU's queued work did not finish within the timeout, or the
+    /// drain took `stall_threshold_ms` or longer.
     pub stalls: u64,
+    /// A drain that takes this long or longer counts as a stall, in milliseconds (0: only the
+    /// timeout counts).
+    #[serde(default)]
+    pub stall_threshold_ms: u64,
+    /// How long each stall waited, in milliseconds, in order (the first
+    /// [`STALL_WAITS_KEPT`]; `stalls` counts them all).
+    #[serde(default)]
+    pub stall_waits_ms: Vec<f64>,
     /// Other drain errors (panics, refusals).
     pub errors: u64,
     /// The first error seen, in words.
@@ -200,6 +216,9 @@ impl RequesterReport {
     pub fn add_counts(&mut self, other: &RequesterReport) {
         self.drains += other.drains;
         self.stalls += other.stalls;
+        let room = STALL_WAITS_KEPT.saturating_sub(self.stall_waits_ms.len());
+        self.stall_waits_ms
+            .extend(other.stall_waits_ms.iter().take(room));
         self.errors += other.errors;
         self.missed_deadlines += other.missed_deadlines;
         self.cpus_queued += other.cpus_queued;
@@ -318,6 +337,7 @@ fn requester(
         rate_hz: cfg.drain_rate_hz,
         force: cfg.force,
         timeout_ms: cfg.timeout.as_millis() as u64,
+        stall_threshold_ms: cfg.stall_threshold.as_millis() as u64,
         ..RequesterReport::default()
     };
     if !phase.wait_go() {
@@ -326,16 +346,23 @@ fn requester(
     let missed = paced(cfg.drain_rate_hz, phase, || {
         let t0 = monotonic_ns();
         let out = w.drain(cfg.force, Some(cfg.timeout));
-        hist.record(monotonic_ns() - t0);
+        let waited_ns = monotonic_ns() - t0;
+        hist.record(waited_ns);
         report.drains += 1;
         report.cpus_queued += out.queued as u64;
         report.cpus_remote += out.ran_remote as u64;
         report.cpus_skipped += out.skipped_cpus as u64;
         report.whole_skipped += u64::from(out.skipped);
         let stalled = out.errors.iter().any(qpw_core::Error::is_stall);
-        if stalled {
+        // A drain that gave up waiting, or waited past the threshold though it completed
+        // (RT throttling let the starved worker in), stalled.
+        if stalled || waited_ns >= cfg.stall_threshold.as_nanos() as u64 {
             report.stalls += 1;
-        } else if !out.errors.is_empty() {
+            if report.stall_waits_ms.len() < STALL_WAITS_KEPT {
+                report.stall_waits_ms.push(waited_ns as f64 / 1e6);
+            }
+        }
+        if !stalled && !out.errors.is_empty() {
             report.errors += 1;
         }
         if report.first_error.is_none() {

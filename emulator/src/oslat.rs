@@ -109,6 +109,9 @@ pub struct OslatThread {
     pub first_error: Option<String>,
     /// The probe thread's id (its pid in traces).
     pub tid: i32,
+    /// The probe thread's involuntary context switches over the measuring window: how often
+    /// something of this machine preempted it.
+    pub involuntary_switches: u64,
     /// With [`OslatConfig::gap_log_ns`]: each long gap's counter readings (before, after).
     pub gaps: Vec<(u64, u64)>,
     /// Long gaps past [`GAP_LOG_CAPACITY`], counted but not kept.
@@ -341,6 +344,7 @@ fn thread_main(
     // Keep the source buffer alive and unknown to the optimiser.
     std::hint::black_box(&mut src);
 
+    let switches_at_start = crate::threads::involuntary_switches();
     let start = ticks();
     let mut next_op = start.saturating_add(every);
     let mut prev = start;
@@ -388,6 +392,8 @@ fn thread_main(
         }
     }
     let stop = ticks();
+    let involuntary_switches =
+        crate::threads::involuntary_switches().saturating_sub(switches_at_start);
 
     // End barrier: exiting now could disturb the others.
     ctl.finished.fetch_add(1, Ordering::SeqCst);
@@ -403,6 +409,7 @@ fn thread_main(
         local_op_errors: op_errors,
         first_error,
         tid,
+        involuntary_switches,
         gaps,
         gaps_not_kept,
     })

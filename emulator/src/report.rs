@@ -70,6 +70,10 @@ pub struct Row {
     /// The same, round by round (`qpw-emu run` only).
     #[serde(default)]
     pub excess_per_drain_by_round: Vec<Option<f64>>,
+    /// The probe thread's involuntary context switches per drain that reached the target: the
+    /// median over the rounds of `qpw-emu run`, else the pooled figure.
+    #[serde(default)]
+    pub preemptions_per_drain: Option<f64>,
     /// Drains that reached the target.
     pub target_drains: Option<u64>,
     /// Requester drains.
@@ -210,6 +214,10 @@ impl ThreadView {
             excess_per_drain_by_round: i
                 .map(|i| i.excess_per_drain_by_round.clone())
                 .unwrap_or_default(),
+            preemptions_per_drain: q
+                .probe_preemptions
+                .as_ref()
+                .and_then(|p| p.per_drain_median.or(p.per_drain)),
             target_drains: i.map(|i| i.drains_reaching_target),
             drains: r.map(|r| r.drains),
             drain_p50: r.map(|r| r.time_us.p50),
@@ -291,7 +299,7 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         .max(14);
     let _ = writeln!(
         s,
-        "{:<nw$} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+        "{:<nw$} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} {:>8} | {:>7} {:>8} {:>8} {:>9} {:>6}",
         "scenario",
         "max",
         "p99",
@@ -301,13 +309,14 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         "in op",
         "per s",
         "per drain",
+        "preempt",
         "drains",
         "p50",
         "p99",
         "max",
         "stalls"
     );
-    let _ = writeln!(s, "{}", "-".repeat(119 + nw));
+    let _ = writeln!(s, "{}", "-".repeat(128 + nw));
     for r in rows {
         let mark = match (r.from_buckets, r.interrupted) {
             (true, true) => "*!",
@@ -317,7 +326,7 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         };
         let _ = writeln!(
             s,
-            "{:<nw$} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+            "{:<nw$} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} {:>8} | {:>7} {:>8} {:>8} {:>9} {:>6}",
             format!("{}{mark}", r.name),
             r.max_us,
             num(r.p99_us, r.at_least[0]),
@@ -327,11 +336,19 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
             opt(r.during_local_op, |v| v.to_string()),
             opt(r.interruptions_per_s, |v| format!("{v:.0}")),
             opt(r.excess_per_drain, |v| format!("{v:+.2}")),
+            opt(r.preemptions_per_drain, |v| format!("{v:.2}")),
             opt(r.drains, |v| v.to_string()),
             opt(r.drain_p50, |v| format!("{v:.1}")),
             opt(r.drain_p99, |v| format!("{v:.1}")),
             opt(r.drain_max, |v| format!("{v:.1}")),
             opt(r.stalls, |v| v.to_string()),
+        );
+    }
+    if rows.iter().any(|r| r.preemptions_per_drain.is_some()) {
+        let _ = writeln!(
+            s,
+            "preempt: the probe thread's involuntary context switches per drain that reached the \
+             target (a vCPU not running does not count there): queue mode about 1, remote about 0"
         );
     }
     if rows.iter().any(|r| r.during_local_op.is_some()) {

@@ -26,6 +26,8 @@ pub struct DrainSpec {
     pub force: bool,
     /// Stall timeout per drain.
     pub timeout: Duration,
+    /// A drain that waits at least this long counts as a stall.
+    pub stall_threshold: Duration,
     /// CPUs that run a process-context load thread.
     pub load_cpus: CpuSet,
     /// The requester's CPU.
@@ -97,6 +99,7 @@ pub fn setup(spec: &DrainSpec) -> Result<Setup> {
         drain_rate_hz: spec.drain_rate_hz,
         force: spec.force,
         timeout: spec.timeout,
+        stall_threshold: spec.stall_threshold,
         load_cpus: spec.load_cpus.clone(),
         burst: 16,
         pause: Duration::from_micros(200),

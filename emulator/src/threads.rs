@@ -11,6 +11,17 @@ use anyhow::{anyhow, Result};
 use crate::load::Phase;
 use crate::progress::Progress;
 
+/// The calling thread's involuntary context switches so far (`getrusage(RUSAGE_THREAD)`): how often
+/// our kernel preempted it. A vCPU the hypervisor does not run leaves this alone, so unlike a gap
+/// in a probe's loop it counts only what this machine's scheduler did to the thread.
+pub fn involuntary_switches() -> u64 {
+    // SAFETY: `rusage` is plain data; all-zero bytes are a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable `rusage`; RUSAGE_THREAD cannot fail for the caller.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    u64::try_from(ru.ru_nivcsw).unwrap_or(0)
+}
+
 /// Waits until `arrived` counts `n` threads, or until one of `threads` has ended (a thread that
 /// failed never arrives, so waiting on would never end).
 pub fn wait_for<T>(arrived: &AtomicUsize, n: usize, threads: &[JoinHandle<T>]) {

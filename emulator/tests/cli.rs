@@ -194,6 +194,14 @@ fn bad_oslat_values_name_the_flag_and_range() {
             ["--local-op-every 0", "1-1000000"],
         ),
         ("oslat --drain-timeout 0", ["--drain-timeout 0", "1-60000"]),
+        (
+            "oslat --stall-threshold 0",
+            ["--stall-threshold 0", "1-60000"],
+        ),
+        (
+            "load --stall-threshold 60001",
+            ["--stall-threshold 60001", "1-60000"],
+        ),
         ("oslat --load maybe", ["--load maybe", "`on` or `off`"]),
         ("oslat --mode fast", ["--mode fast", "`queue` or `remote`"]),
         (
@@ -299,27 +307,26 @@ fn bad_figures_values_name_the_flag_and_range() {
     ]);
 }
 
+/// Runs the default experiment on the built-in counter workload for `duration` in `rounds`
+/// rounds, writing to `dir`; it must succeed with `stdout_has` in its output. Returns the
+/// summary it wrote.
+fn run_counter_experiment(dir: &Path, duration: &str, rounds: u32, stdout_has: &str) -> Value {
+    emu()
+        .args(["run", "-D", duration, "--rounds", &rounds.to_string()])
+        .args(["--workloads", "counter", "--out"])
+        .arg(dir)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(stdout_has));
+    read_json(&dir.join("summary.json"))
+}
+
 /// A short default experiment: every scenario's JSON carries the excess interruptions per drain
 /// of each round, and the table's figure is their median.
 #[test]
 fn run_reports_excess_interruptions_round_by_round() {
     let dir = tempfile::tempdir().unwrap();
-    emu()
-        .args([
-            "run",
-            "-D",
-            "1200ms",
-            "--rounds",
-            "3",
-            "--workloads",
-            "counter",
-            "--out",
-        ])
-        .arg(dir.path())
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("median of the rounds"));
-    let summary = read_json(&dir.path().join("summary.json"));
+    let summary = run_counter_experiment(dir.path(), "1200ms", 3, "median of the rounds");
     assert_eq!(summary["rounds"], 3);
     let rows = summary["rows"].as_array().unwrap();
     for name in ["queue-counter", "remote-counter"] {
@@ -347,4 +354,42 @@ fn run_reports_excess_interruptions_round_by_round() {
             }
         }
     }
+}
+
+/// The default experiment reports the probe's preemptions per drain (its involuntary context
+/// switches): about one per drain in queue mode, where the worker's wake-up preempts the probe,
+/// and about none in remote mode. Other processes on the machine can preempt the probe in both
+/// modes alike, so the assertion is on the difference, not on a zero.
+#[test]
+fn run_reports_probe_preemptions_per_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let summary = run_counter_experiment(dir.path(), "1s", 1, "preempt");
+    let rows = summary["rows"].as_array().unwrap();
+    let per_drain = |name: &str| {
+        let v = read_json(&dir.path().join(format!("{name}.json")));
+        let p = &v["probe_preemptions"];
+        let drains = p["drains_reaching_target"].as_u64().unwrap();
+        assert!(drains > 0, "{name}: no drain reached the target: {p}");
+        let count = p["count"].as_u64().unwrap();
+        let figure = p["per_drain_median"].as_f64().unwrap();
+        // One round: the median is the pooled figure (up to JSON's last digit).
+        let pooled = count as f64 / drains as f64;
+        assert!(
+            (figure - pooled).abs() < 1e-9,
+            "{name}: {figure} vs {pooled}"
+        );
+        let row = rows.iter().find(|r| r["name"] == name).unwrap();
+        assert_eq!(
+            row["preemptions_per_drain"].as_f64(),
+            Some(figure),
+            "{name}"
+        );
+        figure
+    };
+    let (queue, remote) = (per_drain("queue-counter"), per_drain("remote-counter"));
+    assert!(
+        queue >= remote + 0.5 && queue <= remote + 1.5,
+        "probe preemptions per drain: queue {queue:.2}, remote {remote:.2}: expected about one \
+         more per drain in queue mode"
+    );
 }

@@ -27,6 +27,7 @@ use crate::json::{
     self, Buckets, CyclictestBody, CyclictestThreadJson, Envelope, Indexed, QpwFields, Settings,
 };
 use crate::rt::{self, AwayFrom, TraceMarker, Warnings};
+use crate::throttling::RtThrottling;
 use crate::validate;
 
 /// cyclictest's `HIST_MAX`: larger `-h` values are cut to it.
@@ -230,6 +231,9 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         check_resolution(clock, args.verbose, args.dbg_cyclictest);
     }
     rt::catch_sigint(&mut warnings, quiet);
+    // After Ctrl-C is taken: a signal must not end the process before the guard restores.
+    let throttling_off = super::throttling_for_run(&args.drain, &mut warnings, quiet)?;
+    let throttling = RtThrottling::read(throttling_off.as_ref());
     if args.verbose {
         for (i, s) in specs.iter().enumerate() {
             if explicit_set {
@@ -335,6 +339,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
             fields.stopped_by = Some(format!("breaktrace: thread {tid} saw {v}"));
         }
         fields.trace = traced.clone();
+        fields.rt_throttling = spec.is_some().then_some(throttling.clone());
         let doc = cyclictest_json(&run, &cfg, start_time, fields);
         json::write(path, &doc)?;
     }
@@ -377,6 +382,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     print_extras(&run, cfg.local_op.is_some());
     if let Some(o) = &load.outcome {
         print_requester(o);
+        println!("# qpw-emu {}", throttling.line());
     }
     if let Some(t) = &traced {
         let drains = load

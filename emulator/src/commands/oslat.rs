@@ -20,6 +20,7 @@ use crate::clock::Calibration;
 use crate::json::{self, Micros, Settings, RT_TESTS_VERSION};
 use crate::oslat::{self, OslatConfig, OslatRun, OslatThread};
 use crate::rt::{self, TraceMarker, Warnings};
+use crate::throttling::RtThrottling;
 use crate::validate;
 
 /// oslat's default memmove buffer: 16 KiB per thread (`WORKLOAD_MEM_SIZE`).
@@ -79,6 +80,9 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         .trace_threshold
         .map(|_| TraceMarker::open(&mut warnings, quiet));
     rt::catch_sigint(&mut warnings, quiet);
+    // After Ctrl-C is taken: a signal must not end the process before the guard restores.
+    let throttling_off = super::throttling_for_run(&drain, &mut warnings, quiet)?;
+    let throttling = RtThrottling::read(throttling_off.as_ref());
     let calibration = Calibration::measure();
 
     println!("oslat V {RT_TESTS_VERSION}");
@@ -187,6 +191,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     }
     if let Some(o) = &load.outcome {
         print_requester(o);
+        println!("# qpw-emu {}", throttling.line());
     }
     if let Some(t) = &traced {
         let drains = load
@@ -226,6 +231,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
             run.interrupted,
         );
         fields.trace = traced;
+        fields.rt_throttling = spec.is_some().then_some(throttling);
         json::write(path, &super::oslat_json(&run, start_time, fields))?;
     }
     Ok(())
