@@ -102,8 +102,18 @@ fn queue_mode_preempts_the_probe_once_per_drain_remote_mode_never() {
     }
     eprintln!("RT throttling: {}", rt_throttling());
 
-    let queue = preemptions_per_run(Policy::Queue, target, fifo);
-    let remote = preemptions_per_run(Policy::Remote, target, fifo);
+    // Without SCHED_FIFO any runnable thread of the machine can preempt the probe too, in
+    // either mode: a burst of someone else's work during one run can hide the difference, so
+    // a pair of runs is tried again, up to three times, before the claim counts as broken.
+    let tries = if fifo { 1 } else { 3 };
+    let (mut queue, mut remote) = (0, 0);
+    for _ in 0..tries {
+        queue = preemptions_per_run(Policy::Queue, target, fifo);
+        remote = preemptions_per_run(Policy::Remote, target, fifo);
+        if fifo || queue >= remote + DRAINS / 2 {
+            break;
+        }
+    }
     qpw_core::set_current_affinity(&allowed).unwrap();
 
     if fifo {
