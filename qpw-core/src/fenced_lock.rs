@@ -60,10 +60,13 @@
 //! **Status of the checks.** The 10^6-operation stress (`tests/fenced_stress.rs`) conserves
 //! every unit on real CPUs, with and without rseq. The loom models (`tests/loom_fenced.rs`)
 //! do not yet back the argument: two of them (two owner threads and a requester; the drain
-//! through [`PerCpu::lock`](crate::PerCpu::lock)) report concurrent writes to the slot and are
-//! kept, ignored, as reproducers, and the passing ones still pass with the fence removed from
-//! the mock (the mock's epoch mutex is `SeqCst` in loom, which orders more than the kernel's
-//! fence does). Until both are resolved, treat this lock as experimental.
+//! through [`PerCpu::lock`](crate::PerCpu::lock)) report concurrent writes to the slot, with a
+//! trace in which the requester's check reads `FENCED` after a `HELD` store that
+//! happens-before it (loom's modification-order bug, tokio-rs/loom#282, as far as we can
+//! tell: the file says why), and are kept, ignored, as reproducers; and the passing ones still
+//! pass with the fence removed from the mock (the mock's epoch mutex is `SeqCst` in loom,
+//! which orders more than the kernel's fence does). Until both are resolved, treat this lock
+//! as experimental.
 //!
 //! # The cost, and where it falls
 //!
