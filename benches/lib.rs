@@ -155,6 +155,12 @@ pub const FAST_PATH_BOUNDS: &[(&str, &str, f64, &str)] = &[
         1.5,
         "a bare thread-local `Cell` increment",
     ),
+    (
+        "percpu_fenced_bound",
+        "atomic_lock",
+        1.0,
+        "a bare atomic lock (issue 15: the fenced mode's owner path)",
+    ),
 ];
 
 /// Issue 7's bounds ([`FAST_PATH_BOUNDS`]) against the medians of one run of [`LOCAL`]:
