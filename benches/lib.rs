@@ -137,6 +137,18 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
         "percpu_owner",
         "owner-only (`OwnedPerCpu`, thread-per-core): `Owner::lock_local` + increment + release",
     ),
+    (
+        "percpu_fenced_bound",
+        "`PerCpu<_, FencedLock>::lock_local` + increment + unlock, remote mode (the fenced mode, issue 15), thread bound",
+    ),
+    (
+        "fenced_remote_idle_target",
+        "`PerCpu<_, FencedLock>::lock(other CPU)` + increment + unlock: the requester's `CAS` + membarrier fence, none of our threads on the target",
+    ),
+    (
+        "fenced_remote_busy_target",
+        "the same with one of our threads spinning on the target, so the fence interrupts it",
+    ),
 ];
 
 /// Issue 7's bounds on the local fast paths, all within [`LOCAL`]: (bench, baseline, the
@@ -154,6 +166,12 @@ pub const FAST_PATH_BOUNDS: &[(&str, &str, f64, &str)] = &[
         "tls_cell",
         1.5,
         "a bare thread-local `Cell` increment",
+    ),
+    (
+        "percpu_fenced_bound",
+        "atomic_lock",
+        1.0,
+        "a bare atomic lock (issue 15: the fenced mode's owner path)",
     ),
 ];
 

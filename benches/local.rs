@@ -12,6 +12,7 @@
 //! | `percpu_rseq_unbound`: `PerCpu<_, RseqLock>::lock_local` + increment + unlock, unbound thread | `rseq_cpu_atomic_lock`: the bare rseq `cpu_id` read choosing one of per-CPU bare atomic locks | 1.3x |
 //! | `rseq_lock`: a bare `RseqLock` of the (pinned) caller's CPU + increment | `atomic_lock` | 1.0x |
 //! | `percpu_owner`: `Owner::lock_local` + increment (owner-only policy) | `tls_cell` | 1.5x |
+//! | `percpu_fenced_bound`: `PerCpu<_, FencedLock>::lock_local` + increment, remote mode, bound thread (issue 15) | `atomic_lock` | 1.0x |
 //!
 //! Every bench times a plain loop of `iters` calls, each result through one `black_box`
 //! (`iter_custom` + [`looped`]). A first version used `b.iter(|| black_box(op()))`, which
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use qpw_benches::{Timing, LOCAL};
-use qpw_core::{CpuSpec, FairLock, Policy, Qpw, RawLocalLock, RseqLock};
+use qpw_core::{CpuSpec, FairLock, FencedLock, Policy, Qpw, RawLocalLock, RseqLock};
 
 thread_local! {
     static COUNTER: Cell<u64> = const { Cell::new(0) };
@@ -232,6 +233,13 @@ pub(crate) fn bench(c: &mut Criterion) {
         })
     });
 
+    // Issue 15's fenced mode: remote-mode CPUs whose slots are behind a `FencedLock`. The
+    // owner's path, against `percpu_remote_bound` (the same mode with the `FairLock`); then
+    // the requester's cost: this thread takes another CPU's lock (a `CAS`, the membarrier
+    // fence of that CPU, the release), first with none of our threads on that CPU (the kernel
+    // skips the interrupt), then with one of ours spinning there (the interrupt is sent).
+    fenced(&mut group);
+
     // The owner-only policy (thread-per-core), as its doc example makes it: the bench thread
     // claims the CPU's slot and reaches it with a borrow flag, no lock word.
     let stock = qpw
@@ -249,4 +257,52 @@ pub(crate) fn bench(c: &mut Criterion) {
     }
 
     group.finish();
+}
+
+/// The fenced-mode benches (issue 15), as described where `bench` calls this.
+fn fenced(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    let qpw = physical(Policy::Remote);
+    let stock = qpw
+        .per_cpu_with::<FencedLock, _>(|_| 0u64)
+        .expect("a fenced PerCpu in remote mode");
+    eprintln!(
+        "local/percpu_fenced_*, fenced_remote_*: FencedLock uses the {} protocol ({})",
+        FencedLock::kind().name(),
+        qpw_core::rseq::status()
+    );
+    let mut cpus = qpw.cpus().iter();
+    let cpu = cpus.next().expect("at least one allowed CPU");
+    let _bound = qpw.bind_current(cpu).expect("bind to an allowed CPU");
+    group.bench_function("percpu_fenced_bound", |b| {
+        b.iter_custom(|iters| {
+            looped(iters, || {
+                *stock.lock_local().expect("a bound thread has a CPU") += 1;
+            })
+        })
+    });
+    let Some(other) = cpus.next() else {
+        eprintln!("local/fenced_remote_*: skipped: one allowed CPU, no other CPU to fence");
+        return;
+    };
+    let remote = |b: &mut criterion::Bencher<'_>| {
+        b.iter_custom(|iters| {
+            looped(iters, || {
+                *stock.lock(other).expect("a remote-mode CPU") += 1;
+            })
+        })
+    };
+    group.bench_function("fenced_remote_idle_target", remote);
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let spinner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            qpw_core::pin_current_thread(other).expect("pin the spinner");
+            while !stop.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        })
+    };
+    group.bench_function("fenced_remote_busy_target", remote);
+    stop.store(true, Ordering::Relaxed);
+    spinner.join().expect("the spinner stops");
 }

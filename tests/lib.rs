@@ -206,3 +206,104 @@ pub fn within<T: Send + 'static>(
         Err(_) => panic!("{what}: still running after {limit:?}, a hang"),
     }
 }
+
+/// A cheap per-thread pseudo-random sequence (xorshift), so that the schedule of yields and
+/// migrations of the stress tests differs between threads without a dependency.
+#[derive(Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next number of the sequence (the seed must not be zero).
+    pub fn roll(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Gives the CPU away (`sched_yield`): inside a critical section, a preempted holder.
+pub fn yield_now() {
+    // SAFETY: `sched_yield` has no preconditions.
+    unsafe { libc::sched_yield() };
+}
+
+/// Runs the test `name` of the current test binary again in a child process where glibc does
+/// not register rseq (`GLIBC_TUNABLES=glibc.pthread.rseq=0`), with `marker` set in its
+/// environment; asserts that it passed and returns its standard output.
+pub fn run_without_rseq(name: &str, marker: &str) -> String {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let output = std::process::Command::new(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
+        .env(marker, "1")
+        .output()
+        .expect("run the child");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "child failed: {}\n{stdout}\n{stderr}",
+        output.status
+    );
+    assert!(stdout.contains("1 passed"), "{stdout}");
+    stdout
+}
+
+/// The schedule of one stress thread: when it migrates and when it gives the CPU away while
+/// holding a lock, drawn from an [`Rng`].
+#[derive(Debug)]
+pub struct Churn {
+    rng: Rng,
+    roll: u64,
+    allowed: qpw_core::CpuSet,
+    moves: bool,
+    /// How many times the thread moved itself.
+    pub migrations: u64,
+}
+
+impl Churn {
+    /// The schedule of the `index`-th thread, moving between the `allowed` CPUs if `moves`
+    /// (a bound thread does not).
+    pub fn new(index: usize, allowed: qpw_core::CpuSet, moves: bool) -> Self {
+        Self {
+            rng: Rng(0x9e37_79b9_7f4a_7c15 ^ (index as u64 + 1)),
+            roll: 0,
+            allowed,
+            moves,
+            migrations: 0,
+        }
+    }
+
+    /// Before an operation: sometimes migrate, to one CPU or back to all of them.
+    pub fn before_op(&mut self) {
+        self.roll = self.rng.roll();
+        if self.moves && self.roll % 1024 == 0 {
+            let target = self.pick(self.roll >> 20);
+            let set = if self.roll & (1 << 40) != 0 {
+                qpw_core::CpuSet::from_iter([target])
+            } else {
+                self.allowed.clone()
+            };
+            qpw_core::set_current_affinity(&set).expect("move within the allowed CPUs");
+            self.migrations += 1;
+        }
+    }
+
+    /// While holding a lock: sometimes give the CPU away (waiters meet a preempted holder),
+    /// sometimes migrate (the release is a plain store from another CPU).
+    pub fn while_holding(&mut self) {
+        if self.roll % 256 == 1 {
+            yield_now();
+        }
+        if self.moves && self.roll % 2048 == 2 {
+            let target = self.pick(self.roll >> 24);
+            qpw_core::pin_current_thread(target).expect("move within the allowed CPUs");
+            self.migrations += 1;
+        }
+    }
+
+    fn pick(&self, bits: u64) -> usize {
+        self.allowed.as_slice()[bits as usize % self.allowed.len()]
+    }
+}

@@ -10,7 +10,6 @@
 
 #![cfg(not(loom))]
 
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -26,24 +25,6 @@ const OPS_PER_THREAD: u64 = if cfg!(debug_assertions) {
 const THREADS_PER_CPU: usize = 3;
 /// Set in the child of `fallback_in_a_child_without_rseq`.
 const EXPECT_FALLBACK: &str = "QPW_EXPECT_RSEQ_FALLBACK";
-
-/// A cheap per-thread pseudo-random sequence (xorshift), so that the schedule of yields and
-/// migrations differs between threads without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
-fn yield_now() {
-    // SAFETY: `sched_yield` has no preconditions.
-    unsafe { libc::sched_yield() };
-}
 
 #[test]
 fn smoke_rseq_lock_local_and_refusals() {
@@ -136,26 +117,13 @@ fn stress_rseq_lock_with_preemption_and_migration() {
         .map(|(i, cpu)| {
             let (qpw, counters, allowed) = (qpw.clone(), counters.clone(), allowed.clone());
             thread::spawn(move || {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
                 // Every third thread is bound (pinned, registered); the others are unbound and
                 // move themselves around.
                 let _bound = (i % 3 == 0).then(|| qpw.bind_current(cpu).unwrap());
-                let unbound = i % 3 != 0;
+                let mut churn = qpw_tests::Churn::new(i, allowed, i % 3 != 0);
                 let mut added = 0u64;
-                let mut migrations = 0u64;
                 for n in 0..OPS_PER_THREAD {
-                    let roll = rng.next();
-                    if unbound && roll % 1024 == 0 {
-                        // Migrate between operations: to one CPU, or back to all of them.
-                        let target = allowed.as_slice()[(roll >> 20) as usize % allowed.len()];
-                        let set = if roll & (1 << 40) != 0 {
-                            CpuSet::from_iter([target])
-                        } else {
-                            allowed.clone()
-                        };
-                        qpw_core::set_current_affinity(&set).unwrap();
-                        migrations += 1;
-                    }
+                    churn.before_op();
                     if (n + i as u64) % 5 == 0 {
                         if let Some(mut slot) = counters.try_lock_local().unwrap() {
                             *slot += 1;
@@ -166,20 +134,10 @@ fn stress_rseq_lock_with_preemption_and_migration() {
                     let mut slot = counters.lock_local().unwrap();
                     *slot += 1;
                     added += 1;
-                    if roll % 256 == 1 {
-                        // Give the CPU away while holding the lock: same-CPU waiters meet a
-                        // preempted holder.
-                        yield_now();
-                    }
-                    if unbound && roll % 2048 == 2 {
-                        // Migrate while holding: the release is a plain store from elsewhere.
-                        let target = allowed.as_slice()[(roll >> 24) as usize % allowed.len()];
-                        qpw_core::pin_current_thread(target).unwrap();
-                        migrations += 1;
-                    }
+                    churn.while_holding();
                     drop(slot);
                 }
-                (added, migrations)
+                (added, churn.migrations)
             })
         })
         .collect();
@@ -283,24 +241,9 @@ fn fallback_in_a_child_without_rseq() {
     if std::env::var_os(EXPECT_FALLBACK).is_some() {
         return; // we are the child: do not recurse
     }
-    let exe = std::env::current_exe().unwrap();
-    let output = Command::new(exe)
-        .args([
-            "--exact",
-            "stress_rseq_lock_with_preemption_and_migration",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("GLIBC_TUNABLES", "glibc.pthread.rseq=0")
-        .env(EXPECT_FALLBACK, "1")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "child failed: {}\n{stdout}\n{stderr}",
-        output.status
+    let stdout = qpw_tests::run_without_rseq(
+        "stress_rseq_lock_with_preemption_and_migration",
+        EXPECT_FALLBACK,
     );
     assert!(
         stdout.contains("cpu: sched_getcpu (fallback")
@@ -308,5 +251,4 @@ fn fallback_in_a_child_without_rseq() {
             && stdout.contains("fallback in use: fair"),
         "the child does not report the fallback:\n{stdout}"
     );
-    assert!(stdout.contains("1 passed"), "{stdout}");
 }

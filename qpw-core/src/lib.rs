@@ -83,6 +83,7 @@
 //! |---|---|---|---|---|---|
 //! | [`FairLock`] (default) | [`Qpw::per_cpu`] | one atomic word | two compare-and-swaps | yes: remote mode, `for_each_locked` | always available |
 //! | [`RseqLock`] | [`Qpw::per_cpu_with`] | a restartable sequence whose last instruction, a plain store, the kernel aborts on preemption or migration | plain loads and stores, no atomic read-modify-write | no (queue mode only, no [`RawRemoteLock`]); a thread that finds itself elsewhere fences the CPU with `membarrier` first | falls back to the [`FairLock`] protocol, reported by [`rseq::status`] and [`Qpw::describe`] |
+//! | [`FencedLock`] | [`Qpw::per_cpu_with`] | the same restartable sequence as [`RseqLock`] | plain loads and stores, no atomic read-modify-write | yes: a requester raises a flag, fences the one CPU with `membarrier` (aborting any sequence in flight there), then waits for a holder that had committed; remote-mode drains run in the requester, no worker | falls back to the [`FairLock`] protocol, as [`RseqLock`] does |
 //! | owner-only | [`Qpw::owned_per_cpu`] | one owning thread per CPU ([`Owner`], `!Send`), enforced | a borrow flag: no lock word at all | no: work is posted to the CPU's mailbox and run by the owner when it polls | always available |
 //!
 //! Waiting is the same story in each: a waiter on the [`FairLock`] or the [`RseqLock`]
@@ -90,7 +91,7 @@
 //! CPU) and each release hands the lock to a sleeper; with owner-only there is nothing to wait
 //! for locally, and a remote requester waits for the owner's next poll, or reports a
 //! [`Error::Stall`] after its timeout, as in queue mode. The details and the correctness
-//! argument of each are in [`RseqLock`], [`rseq`] and [`OwnedPerCpu`].
+//! argument of each are in [`RseqLock`], [`FencedLock`], [`rseq`] and [`OwnedPerCpu`].
 //!
 //! # Lifecycle and failure
 //!
@@ -203,6 +204,7 @@ mod affinity;
 mod cpuset;
 pub mod cross_call;
 mod error;
+pub mod fenced_lock;
 mod gate;
 mod instance;
 mod mode;
@@ -222,6 +224,7 @@ pub use affinity::{
 pub use cpuset::CpuSet;
 pub use cross_call::{CallCtx, CallTarget, CrossCallError};
 pub use error::{Error, OsError, Result};
+pub use fenced_lock::FencedLock;
 pub use instance::{Binding, Builder, CpuSpec, Qpw, ShutdownReport};
 pub use mode::{Mode, Policy};
 pub use owner::{OwnedGuard, OwnedPerCpu, Owner};

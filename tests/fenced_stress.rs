@@ -1,0 +1,158 @@
+//! The fenced mode under load: remote-mode CPUs whose slots are behind a [`FencedLock`].
+//! Several threads per CPU add to their CPU's slot (the owner path: a restartable sequence),
+//! some bound, some unbound that move themselves between CPUs (sometimes while holding, so the
+//! release is a plain store from elsewhere), some yielding while holding (a preempted holder);
+//! meanwhile two requesters drain every CPU back to back from wherever they run, one through
+//! remote-mode work (`drain_all`, run in the requester) and one through `for_each_locked`.
+//! Conservation: every unit added is drained exactly once, over about 10^6 operations.
+//!
+//! `fallback_in_a_child_without_rseq` runs the stress in a child process with
+//! `GLIBC_TUNABLES=glibc.pthread.rseq=0` and checks that the child reports the fallback and
+//! passes.
+
+#![cfg(not(loom))]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use qpw_core::{FencedLock, LocalLockKind, Policy, Qpw};
+
+/// About 10^6 operations in all on two CPUs (three threads each) in release builds.
+const OPS_PER_THREAD: u64 = if cfg!(debug_assertions) {
+    20_000
+} else {
+    170_000
+};
+const THREADS_PER_CPU: usize = 3;
+/// Set in the child of `fallback_in_a_child_without_rseq`.
+const EXPECT_FALLBACK: &str = "QPW_EXPECT_FENCED_FALLBACK";
+
+#[test]
+fn smoke_fenced_lock_in_remote_mode() {
+    let qpw = Qpw::with_policy(Policy::Remote).unwrap();
+    let counters = qpw.per_cpu_with::<FencedLock, _>(|_| 0u64).unwrap();
+    for _ in 0..1000 {
+        *counters.lock_local().unwrap() += 1;
+    }
+    let mut total = 0;
+    counters.for_each_locked(|_, n| total += std::mem::take(n));
+    assert_eq!(total, 1000);
+    assert!(
+        qpw.describe().contains("RseqLock uses"),
+        "{}",
+        qpw.describe()
+    );
+}
+
+#[test]
+fn stress_fenced_drains_with_preemption_and_migration() {
+    let status = qpw_core::rseq::status();
+    println!("rseq status: {status}");
+    if std::env::var_os(EXPECT_FALLBACK).is_some() {
+        assert_eq!(FencedLock::kind(), LocalLockKind::Fair, "{status}");
+        println!("fallback in use: {}", FencedLock::kind());
+    }
+
+    let allowed = qpw_core::allowed_cpus().unwrap();
+    let qpw = Arc::new(Qpw::with_policy(Policy::Remote).unwrap());
+    let counters = Arc::new(qpw.per_cpu_with::<FencedLock, _>(|_| 0u64).unwrap());
+    let drained = Arc::new(AtomicU64::new(0));
+    let drain = {
+        let (c, d) = (counters.clone(), drained.clone());
+        Arc::new(
+            qpw.work(move |ctx| {
+                let mut local = c.lock_work(ctx).unwrap();
+                d.fetch_add(std::mem::take(&mut *local), Ordering::Relaxed);
+            })
+            .unwrap(),
+        )
+    };
+
+    let done = Arc::new(AtomicBool::new(false));
+    // Requester 1: remote-mode work, run in this thread under each CPU's lock.
+    let by_work = {
+        let (done, drain) = (done.clone(), drain.clone());
+        thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                let report = drain.drain_all_timeout(|_| true, Duration::from_secs(60));
+                assert!(report.is_complete(), "{:?}", report.errors);
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+    // Requester 2: the slots directly, every CPU in turn.
+    let by_walk = {
+        let (done, c, d) = (done.clone(), counters.clone(), drained.clone());
+        thread::spawn(move || {
+            let mut rounds = 0u64;
+            while !done.load(Ordering::Relaxed) {
+                c.for_each_locked(|_, n| {
+                    d.fetch_add(std::mem::take(n), Ordering::Relaxed);
+                });
+                rounds += 1;
+            }
+            rounds
+        })
+    };
+
+    let adders: Vec<_> = qpw
+        .cpus()
+        .iter()
+        .flat_map(|cpu| std::iter::repeat_n(cpu, THREADS_PER_CPU))
+        .enumerate()
+        .map(|(i, cpu)| {
+            let (qpw, counters, allowed) = (qpw.clone(), counters.clone(), allowed.clone());
+            thread::spawn(move || {
+                // Every third thread is bound; the others move themselves around.
+                let _bound = (i % 3 == 0).then(|| qpw.bind_current(cpu).unwrap());
+                let mut churn = qpw_tests::Churn::new(i, allowed, i % 3 != 0);
+                for _ in 0..OPS_PER_THREAD {
+                    churn.before_op();
+                    let mut slot = counters.lock_local().unwrap();
+                    *slot += 1;
+                    churn.while_holding();
+                    drop(slot);
+                }
+                churn.migrations
+            })
+        })
+        .collect();
+
+    let migrations: u64 = adders.into_iter().map(|a| a.join().unwrap()).sum();
+    done.store(true, Ordering::Relaxed);
+    let rounds = (by_work.join().unwrap(), by_walk.join().unwrap());
+    // A last walk takes whatever the rounds came too early for.
+    counters.for_each_locked(|_, n| {
+        drained.fetch_add(std::mem::take(n), Ordering::Relaxed);
+    });
+    let added = OPS_PER_THREAD * (qpw.cpus().len() * THREADS_PER_CPU) as u64;
+    println!(
+        "{}; {} lock; {added} adds, {migrations} migrations, drain rounds {rounds:?}",
+        qpw.describe(),
+        FencedLock::kind()
+    );
+    assert!(rounds.0 > 0 && rounds.1 > 0, "{rounds:?}");
+    assert_eq!(drained.load(Ordering::Relaxed), added);
+}
+
+/// The stress again in a child process where glibc does not register rseq: the child must
+/// report the fallback and pass.
+#[test]
+fn fallback_in_a_child_without_rseq() {
+    if std::env::var_os(EXPECT_FALLBACK).is_some() {
+        return; // we are the child: do not recurse
+    }
+    let stdout = qpw_tests::run_without_rseq(
+        "stress_fenced_drains_with_preemption_and_migration",
+        EXPECT_FALLBACK,
+    );
+    assert!(
+        stdout.contains("rseq lock: fallback to the atomic FairLock")
+            && stdout.contains("fallback in use: fair"),
+        "the child does not report the fallback:\n{stdout}"
+    );
+}
