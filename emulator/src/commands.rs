@@ -158,14 +158,14 @@ pub fn resolve_drain(
     };
     let workload = workload.unwrap_or_else(WorkloadName::default_mm);
     if let Some(k) = workload.kernel() {
-        // Refuse now, before any set-up, when the kernel's drain cannot run here.
-        crate::kernel::preflight(k)?;
         if mode == Some(Mode::Remote) {
             bail!(
                 "--mode remote --workload {k}: the running kernel decides its own mode (see \
                  `qpw-emu trace`'s kernel report); leave --mode out for kernel workloads"
             );
         }
+        // Refuse now, before any set-up, when the kernel's drain cannot run here.
+        crate::kernel::preflight(k)?;
     }
     let rate = match (rate, workload.kernel()) {
         (Some(r), _) => r,
