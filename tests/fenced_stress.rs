@@ -6,6 +6,9 @@
 //! remote-mode work (`drain_all`, run in the requester) and one through `for_each_locked`.
 //! Conservation: every unit added is drained exactly once, over about 10^6 operations.
 //!
+//! Checked by mutation: with the requester's CPU fence removed (`RseqLock::fence_cpu` a
+//! no-op) the stress fails three runs out of three, draining units twice.
+//!
 //! `fallback_in_a_child_without_rseq` runs the stress in a child process with
 //! `GLIBC_TUNABLES=glibc.pthread.rseq=0` and checks that the child reports the fallback and
 //! passes.

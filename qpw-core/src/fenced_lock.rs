@@ -58,15 +58,17 @@
 //! an owner had committed before the fence.
 //!
 //! **Status of the checks.** The 10^6-operation stress (`tests/fenced_stress.rs`) conserves
-//! every unit on real CPUs, with and without rseq. The loom models (`tests/loom_fenced.rs`)
-//! do not yet back the argument: two of them (two owner threads and a requester; the drain
-//! through [`PerCpu::lock`](crate::PerCpu::lock)) report concurrent writes to the slot, with a
-//! trace in which the requester's check reads `FENCED` after a `HELD` store that
-//! happens-before it (loom's modification-order bug, tokio-rs/loom#282, as far as we can
-//! tell: the file says why), and are kept, ignored, as reproducers; and the passing ones still
-//! pass with the fence removed from the mock (the mock's epoch mutex is `SeqCst` in loom,
-//! which orders more than the kernel's fence does). Until both are resolved, treat this lock
-//! as experimental.
+//! every unit on real CPUs, with and without rseq, and fails (units drained twice, 1.03x to
+//! 1.13x the units added, three runs out of three) when the fence is removed; it does not catch
+//! the removal of the check, whose window (an owner committing between the requester's `CAS`
+//! and its fence) is a few instructions wide. The loom models (`tests/loom_fenced.rs`) do not
+//! yet back the argument: the passing ones still pass with either mutation (the mock's epoch
+//! mutex is `SeqCst` in loom, which orders more than the kernel's fence does), and two of them
+//! (two owner threads and a requester; the drain through [`PerCpu::lock`](crate::PerCpu::lock))
+//! report concurrent writes to the slot with a trace in which the requester's check reads
+//! `FENCED` after a `HELD` store that happens-before it (loom's modification-order bug,
+//! tokio-rs/loom#282, as far as we can tell: the file says why); they are kept, ignored, as
+//! reproducers. Until the models are sharpened, treat this lock as experimental.
 //!
 //! # The cost, and where it falls
 //!
