@@ -45,8 +45,12 @@ impl Totals {
         self.gets += s.gets;
     }
 
-    /// Saves the totals beside criterion's estimates, for the `ratios` report.
+    /// Saves the totals beside criterion's estimates, for the `ratios` report (not when the
+    /// benchmark did not run, filtered out: the last run's record stays).
     fn record(&self, design: Design, threads: usize) {
+        if self.runs == 0 {
+            return;
+        }
         let line = format!(
             "{} {} {} {} {}\n",
             self.runs, self.contention, self.local_hits, self.remote_returns, self.gets

@@ -51,8 +51,13 @@ fn record(file: std::path::PathBuf, line: String) {
 }
 
 /// Saves how the reads of one benchmark were executed (worker hop, interrupt, direct, local
-/// fallback to the workqueue, cache, interrupts re-sent), beside criterion's estimates.
-fn record_path_counts(path: ReadPath, files: usize, counts: &PathCounts) {
+/// fallback to the workqueue, cache, interrupts re-sent), beside criterion's estimates; says
+/// whether it ran (a benchmark filtered out reads nothing, and leaves the last record alone).
+fn record_path_counts(path: ReadPath, files: usize, counts: &PathCounts) -> bool {
+    let executed = counts.worker_runs + counts.interrupts + counts.reader_direct + counts.cached;
+    if executed == 0 {
+        return false;
+    }
     let line = format!(
         "{} {} {} {} {} {}\n",
         counts.worker_runs,
@@ -70,6 +75,7 @@ fn record_path_counts(path: ReadPath, files: usize, counts: &PathCounts) {
         qpw_benches::path_counts_path(&root, path.name(), files),
         line,
     );
+    true
 }
 
 pub(crate) fn bench(c: &mut Criterion) {
@@ -110,17 +116,14 @@ pub(crate) fn bench(c: &mut Criterion) {
         resctrl.qpw().describe(),
         load.threads_per_cpu,
     );
-    record(
-        qpw_benches::resctrl_load_path(&qpw_benches::criterion_dir()),
-        format!("{} {}\n", load.threads_per_cpu, loaded.len()),
-    );
 
     let mut group = c.benchmark_group(RESCTRL);
     crate::configure(&mut group, Timing::slow_path());
     group.sampling_mode(SamplingMode::Flat);
 
     let resctrl = &resctrl;
-    with_fleet_load(resctrl, &loaded, load, |_| {
+    let ran = with_fleet_load(resctrl, &loaded, load, |_| {
+        let mut ran = false;
         let _bound = resctrl
             .qpw()
             .bind_current(reader_cpu)
@@ -159,11 +162,18 @@ pub(crate) fn bench(c: &mut Criterion) {
                             .sum::<Duration>()
                     })
                 });
-                record_path_counts(path, files.len(), &resctrl.path_counts());
+                ran |= record_path_counts(path, files.len(), &resctrl.path_counts());
             }
         }
+        ran
     })
     .expect("the fleet load runs");
+    if ran {
+        record(
+            qpw_benches::resctrl_load_path(&qpw_benches::criterion_dir()),
+            format!("{} {}\n", load.threads_per_cpu, loaded.len()),
+        );
+    }
     assert_eq!(
         resctrl.violations(),
         0,

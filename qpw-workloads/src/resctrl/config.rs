@@ -61,20 +61,21 @@ pub struct Config {
     pub read_path: ReadPath,
     /// How long a read waits for its worker or interrupt before it is an error.
     pub call_timeout: Duration,
+    /// Assignable counters per domain (1-1024: `mbm_event` mode, AMD's ABMC has
+    /// [`ABMC_COUNTERS`](super::ABMC_COUNTERS)), or `None` (the default: every event of every
+    /// group is counted). See [`Resctrl::assign`](super::Resctrl::assign).
+    pub assignable_counters: Option<u32>,
+    /// The CPUs to treat as `nohz_full` (`None`: the machine's,
+    /// `/sys/devices/system/cpu/nohz_full`, for a topology or physical layout; none for an
+    /// emulated one). A domain's housekeeping CPU is its first CPU not in the set; a domain all
+    /// of whose CPUs are in it is read by the interrupt (`smp_call_function_any`) on every path
+    /// that would queue to a worker.
+    pub nohz_full: Option<CpuSet>,
     /// How long an interrupt may wait to be claimed by the thread it was sent to before it is
     /// sent to the thread running on the CPU now (default [`RETARGET_AFTER`]).
     pub retarget_after: Duration,
-    /// Assignable counters per domain (1-1024: `mbm_event` mode, AMD's ABMC has
-    /// [`ABMC_COUNTERS`](super::ABMC_COUNTERS)), or `None` (the default: every event of every group is counted).
-    /// See [`Resctrl::assign`](super::Resctrl::assign).
-    pub assignable_counters: Option<u32>,
-    /// The CPUs to treat as `nohz_full` (`None`: the machine's, `/sys/devices/system/cpu/nohz_full`,
-    /// for a topology or physical layout; none for an emulated one). A domain's housekeeping
-    /// CPU is its first CPU not in the set; a domain all of whose CPUs are in it is read by
-    /// the interrupt (`smp_call_function_any`) on every path that would queue to a worker.
-    pub nohz_full: Option<CpuSet>,
-    /// How many times an interrupt is re-sent so before the reader just waits for it (default
-    /// [`RETARGETS`]).
+    /// How many times an interrupt may be re-sent before the reader just waits for the last
+    /// thread it went to (default [`RETARGETS`]: no limit but `call_timeout`).
     pub retargets: u32,
 }
 

@@ -9,10 +9,14 @@
 //! the one running by [`DomainThread::running_now`], a plain store to its CPU's slot marker
 //! that a busy loop can afford on every iteration; the path signals the thread the marker
 //! names. The named thread may lose the CPU between the choice and the signal (its slice
-//! ends): a call it has not claimed within [`Config::retarget_after`](super::Config::retarget_after) is withdrawn and sent to
-//! the thread named then, up to [`Config::retargets`](super::Config::retargets) times, after which the reader waits for the last one
-//! (spinning, then sleeping as [`cross_call::call_on`] does). A CPU with no registered thread
-//! gets an idle stand-in, asleep there, which the signal wakes like any sleeper.
+//! ends): a call it has not claimed within `Config::retarget_after` (50 us) is withdrawn and
+//! sent to the thread named then, and so on until it runs or the call times out, the reader
+//! spinning all along as an IPI's sender spins in `csd_lock_wait` (re-sent only every
+//! millisecond to a thread that is still the one named, so that its pending signals stay
+//! few; and for a thread on the reader's own physical CPU, which spinning would keep from
+//! running, the reader sleeps instead, as [`cross_call::call_on`] does). A CPU with no
+//! registered thread gets an idle stand-in, asleep there, which the signal wakes like any
+//! sleeper.
 
 use std::fmt;
 use std::iter;
@@ -37,9 +41,15 @@ use super::value::{Executor, ReadValue};
 /// times a signal's usual delivery here (5-10 us), far below a scheduler slice.
 pub const RETARGET_AFTER: Duration = Duration::from_micros(50);
 
-/// How many times a call is re-sent before the reader just waits for it, unless configured
-/// ([`Config::retargets`](super::Config::retargets)).
-pub const RETARGETS: u32 = 4;
+/// How many times a call may be re-sent before the reader just waits for it, unless
+/// configured ([`Config::retargets`](super::Config::retargets)): no limit but the call's
+/// timeout.
+pub const RETARGETS: u32 = u32::MAX;
+
+/// How long a call waits before it is sent again to the same thread, when the CPU's marker
+/// still names it (no other registered thread has run there since): long enough that its
+/// queue of pending signals stays short.
+const SAME_TARGET_PATIENCE: Duration = Duration::from_millis(1);
 
 /// The most threads that may be registered for one CPU at a time.
 pub const MAX_THREADS_PER_CPU: usize = 16;
@@ -251,14 +261,23 @@ impl Resctrl {
         let (retarget_after, max_retargets) = shared.retarget;
         let posted = Instant::now();
         let mut retargets = 0;
+        let mut sent_to = None;
         let (cpu, report) = loop {
             let (space, cpu) = self.interrupt_target(state, &shared.domains[file.domain])?;
             let left = shared.call_timeout.saturating_sub(posted.elapsed());
-            let patience = if retargets < max_retargets {
-                left.min(retarget_after)
-            } else {
+            // Spin for a thread that runs elsewhere, as an IPI's sender spins: re-sent soon
+            // when the CPU has another thread running now, after a while when it is the same
+            // one (its queue of signals stays short). Sleep, though, for a thread of the
+            // reader's own physical CPU, which the spinning would keep from running.
+            let beside = self.qpw.physical_cpu(cpu).ok() == qpw_core::current_cpu();
+            let patience = if beside || retargets >= max_retargets {
                 left
+            } else if sent_to == Some((space, cpu)) {
+                left.min(SAME_TARGET_PATIENCE)
+            } else {
+                left.min(retarget_after)
             };
+            sent_to = Some((space, cpu));
             match call_on(space, cpu, &request, patience) {
                 Err(CrossCallError::Timeout { .. }) if patience < left => {
                     retargets += 1;
