@@ -140,6 +140,26 @@ pub fn print_attribution(fields: &TraceFields, top: usize, drains: Option<u64>, 
     emit(&out, prefix);
 }
 
+/// After an rt-tests tool's own output, on `# qpw-emu` lines: the running kernel's mode when
+/// the run traced or drove the kernel's own drains, and the trace's attribution with the
+/// drains of the load's requester (`outcome`).
+pub fn print_after_tool(
+    traced: Option<&TraceFields>,
+    outcome: Option<&crate::scenario::Outcome>,
+    kernel_workload: bool,
+) {
+    const PREFIX: &str = "# qpw-emu ";
+    match traced {
+        Some(t) => {
+            let drains = outcome.and_then(|o| o.requester.as_ref()).map(|r| r.drains);
+            emit(&t.kernel.lines().join("\n"), PREFIX);
+            print_attribution(t, 12, drains, PREFIX);
+        }
+        None if kernel_workload => emit(&KernelInfo::read().lines().join("\n"), PREFIX),
+        None => {}
+    }
+}
+
 /// Prints `text` a line at a time, each after `prefix`.
 pub fn emit(text: &str, prefix: &str) {
     for line in text.lines() {

@@ -193,18 +193,11 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         print_requester(o);
         println!("# qpw-emu {}", throttling.line());
     }
-    if let Some(t) = &traced {
-        let drains = load
-            .outcome
-            .as_ref()
-            .and_then(|o| o.requester.as_ref())
-            .map(|r| r.drains);
-        crate::trace_cmd::emit(&t.kernel.lines().join("\n"), "# qpw-emu ");
-        crate::trace_cmd::print_attribution(t, 12, drains, "# qpw-emu ");
-    } else if spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()) {
-        let info = crate::kernel::info::KernelInfo::read();
-        crate::trace_cmd::emit(&info.lines().join("\n"), "# qpw-emu ");
-    }
+    crate::trace_cmd::print_after_tool(
+        traced.as_ref(),
+        load.outcome.as_ref(),
+        spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()),
+    );
     if run.interrupted {
         println!(
             "# qpw-emu: interrupted (SIGINT) after {:.3} s of {:.3} s",
