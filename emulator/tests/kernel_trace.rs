@@ -4,11 +4,13 @@
 //! interrupted with SIGINT leaves no tracefs instance, cgroup or mount behind; and bad input
 //! is refused before anything starts.
 
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+mod common;
+use common::is_root;
 
 /// The live tests measure the same CPU: one at a time.
 static LIVE: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -19,11 +21,6 @@ fn live() -> std::sync::MutexGuard<'static, ()> {
 
 fn emu() -> Command {
     Command::new(env!("CARGO_BIN_EXE_qpw-emu"))
-}
-
-fn is_root() -> bool {
-    // SAFETY: `geteuid` has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// Whether live tracing can run here; prints the reason when not.
@@ -350,20 +347,7 @@ fn without_root_kernel_workloads_and_tracing_are_refused_clearly() {
     let as_user = |args: &[&str]| {
         let mut cmd = emu();
         cmd.args(args);
-        if is_root() {
-            // SAFETY: in the child before exec: setgroups/setgid/setuid are async-signal-safe.
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::setgroups(0, std::ptr::null()) != 0
-                        || libc::setgid(65534) != 0
-                        || libc::setuid(65534) != 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
+        common::as_nobody(&mut cmd);
         cmd.output()
     };
     for (args, needle) in [

@@ -7,13 +7,15 @@
 //! The tests that write the sysctl hold [`SYSCTL`], so that two of them never save each
 //! other's `-1` as the value to restore.
 
-use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+
+mod common;
+use common::is_root;
 
 const RUNTIME: &str = "/proc/sys/kernel/sched_rt_runtime_us";
 
@@ -35,11 +37,6 @@ impl Drop for Restore {
             let _ = std::fs::write(RUNTIME, &self.0);
         }
     }
-}
-
-fn is_root() -> bool {
-    // SAFETY: `geteuid` has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// The last allowed CPU, when another one is left for the requester.
@@ -156,21 +153,7 @@ fn no_rt_throttling_is_refused_without_root() {
     let _sysctl = SYSCTL.lock().unwrap_or_else(|e| e.into_inner());
     let before = sysctl();
     let mut cmd = emu(&["oslat", "--no-rt-throttling", "-D", "1"]);
-    if is_root() {
-        // SAFETY: runs in the forked child before exec and calls only `setgroups`, `setgid`
-        // and `setuid`, async-signal-safe system calls; it allocates nothing.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(65534) != 0
-                    || libc::setuid(65534) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
+    common::as_nobody(&mut cmd);
     let out = cmd.output().expect("qpw-emu runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
