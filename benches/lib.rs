@@ -264,7 +264,7 @@ pub const RESCTRL_PATHS: [&str; 4] = ["workqueue", "interrupt", "local", "cached
 /// 125 groups x 3 events x 2 domains, one per physical CPU).
 pub const RESCTRL_ALL_FILES: usize = 750;
 /// The environment variable that sets bench 4's load: busy threads on each domain CPU but the
-/// reader's (0-16, default 4).
+/// reader's (0-16, default 8).
 pub const RESCTRL_LOAD_ENV: &str = "QPW_RESCTRL_LOAD";
 
 /// Group of bench 5, the buffer pool.
@@ -272,15 +272,17 @@ pub const POOL: &str = "pool";
 /// The thread counts of bench 5.
 pub const POOL_THREADS: [usize; 4] = [2, 4, 8, 16];
 
-/// Messages per hackbench run in bench 5, whatever the thread count.
-pub const POOL_MESSAGES: usize = 8000;
+/// Messages per hackbench run in bench 5, whatever the thread count: enough that a run lasts
+/// tens of milliseconds, so that starting the threads and the scheduler's noise do not decide
+/// it (with 8000, runs of about 8 ms moved by 2x from one sample to the next here).
+pub const POOL_MESSAGES: usize = 40000;
 
 /// The hackbench shape for `threads` threads (`groups x fds` senders and as many receivers):
 /// (groups, fds, loops), with `loops` chosen so that every run carries [`POOL_MESSAGES`].
 ///
 /// ```
-/// assert_eq!(qpw_benches::pool_shape(2), (1, 1, 8000));
-/// assert_eq!(qpw_benches::pool_shape(16), (2, 4, 250));
+/// assert_eq!(qpw_benches::pool_shape(2), (1, 1, 40000));
+/// assert_eq!(qpw_benches::pool_shape(16), (2, 4, 1250));
 /// ```
 pub fn pool_shape(threads: usize) -> (usize, usize, usize) {
     let pairs = (threads / 2).max(1);

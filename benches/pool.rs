@@ -1,8 +1,8 @@
 //! Bench 5, the buffer pool (seed 004, AppArmor): hackbench through real pipes at 2, 4, 8 and
 //! 16 threads, every `write` and every `read` running AppArmor's file-permission hook first,
 //! which gets a pool buffer, writes the file's name into it, matches it and puts it back on the
-//! same CPU, on each pool design. One iteration is one whole run on a fresh pool (8000
-//! messages, 16000 hooks); criterion's throughput is messages per second.
+//! same CPU, on each pool design. One iteration is one whole run on a fresh pool (40000
+//! messages, 80000 hooks); criterion's throughput is messages per second.
 //!
 //! The threads are bound round-robin to the machine's physical CPUs (two here), so 16 threads
 //! means 8 per core. Beside each median the bench records, per design and thread count, the

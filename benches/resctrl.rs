@@ -10,7 +10,7 @@
 //! (125 x 3 events x 2 domains): `qpw_workloads::resctrl::one_domain_per_cpu`.
 //!
 //! The load is seed 002's: its 360 ms per pass came from kworkers waiting behind busy tasks.
-//! Every domain CPU but the reader's runs `QPW_RESCTRL_LOAD` busy threads (default 4, 0-16),
+//! Every domain CPU but the reader's runs `QPW_RESCTRL_LOAD` busy threads (default 8, 0-16),
 //! each registered as a thread the interrupt path may interrupt and saying when it runs
 //! (`qpw_workloads::resctrl::with_fleet_load`), so that a woken worker waits its turn while an
 //! interrupt reaches the thread that runs. The reader (the bench thread) is bound to the CPU

@@ -517,7 +517,7 @@ pub struct ResctrlArgs {
     /// Passes over all files per read path, 1-1000 (default 2).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub passes: Option<String>,
-    /// Busy threads on each domain CPU but the reader's, 0-16 (default 4: a fleet machine's
+    /// Busy threads on each domain CPU but the reader's, 0-16 (default 8: a fleet machine's
     /// load, where a woken worker waits its turn).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub load: Option<String>,

@@ -66,7 +66,7 @@ pub struct FiguresConfig {
     pub passes: usize,
     /// The paths to measure, in order (default: all four).
     pub paths: Vec<ReadPath>,
-    /// The load on every domain CPU but the reader's (default: four busy threads per CPU,
+    /// The load on every domain CPU but the reader's (default: eight busy threads per CPU,
     /// interruptible).
     pub load: FleetLoad,
     /// The reader's CPU (default: the first CPU of domain 0).
