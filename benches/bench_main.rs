@@ -7,7 +7,7 @@
 //! | [`drain`] | 2. one requester draining every CPU, queue vs remote, 1-128 CPUs | `drain_counter`, `drain_memcg`, `drain_lru` |
 //! | [`under_load`] | 3. drains while every CPU loops its fast path, and the fast path while drains happen | `under_load_drain`, `under_load_fastpath` |
 //! | [`resctrl`] | 4. a pass over 750 counter files per read path, and the setup apart | `resctrl` |
-//! | [`pool`] | 5. hackbench messages/s through each buffer-pool design, 2-16 threads | `pool` |
+//! | [`pool`] | 5. hackbench messages/s through each buffer-pool design, 2-16 threads; 5b. the hook alone, 1-4 threads | `pool`, `pool_hook` |
 //!
 //! Run everything:
 //!

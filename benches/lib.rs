@@ -293,6 +293,14 @@ pub fn pool_shape(threads: usize) -> (usize, usize, usize) {
     (groups, fds, loops)
 }
 
+/// Group of bench 5b, the hook alone: AppArmor's get/use/put back to back on every CPU, no
+/// system calls between.
+pub const POOL_HOOK: &str = "pool_hook";
+/// The thread counts of bench 5b (bound round-robin to the CPUs).
+pub const POOL_HOOK_THREADS: [usize; 3] = [1, 2, 4];
+/// Hook runs per thread in one iteration of bench 5b.
+pub const POOL_HOOKS_PER_THREAD: usize = 50_000;
+
 /// The pool designs, as `qpw_workloads::pool::Design::name` spells them, in report order.
 pub const POOL_DESIGNS: [&str; 3] = ["global", "percpu-cache", "percpu-pools"];
 
@@ -929,54 +937,76 @@ pub fn resctrl_table(root: &Path) -> String {
     format!("{load}\n\n{}", table.finish())
 }
 
-/// The file, beside criterion's estimates of one pool benchmark, in which the bench records
-/// the pool's counters summed over its runs: `runs contention local_hits remote_returns gets`.
-pub fn pool_stats_path(root: &Path, design: &str, threads: usize) -> PathBuf {
-    root.join(POOL)
+/// The file, beside criterion's estimates of one benchmark of `group` (bench 5 or 5b), in
+/// which the bench records the pool's counters summed over its runs:
+/// `runs contention local_hits remote_returns gets`.
+pub fn pool_stats_path(root: &Path, group: &str, design: &str, threads: usize) -> PathBuf {
+    root.join(group)
         .join(design)
         .join(threads.to_string())
         .join("qpw_pool_stats.txt")
 }
 
-/// The global lock's failed trylocks per run of one pool benchmark, from [`pool_stats_path`].
-fn contention_per_run(root: &Path, design: &str, threads: usize) -> Option<f64> {
-    let text = std::fs::read_to_string(pool_stats_path(root, design, threads)).ok()?;
+/// The global lock's failed trylocks per run of one benchmark of `group`, from
+/// [`pool_stats_path`].
+fn contention_per_run_in(root: &Path, group: &str, design: &str, threads: usize) -> Option<f64> {
+    let text = std::fs::read_to_string(pool_stats_path(root, group, design, threads)).ok()?;
     let mut words = text.split_whitespace().map(str::parse::<f64>);
     let runs = words.next()?.ok()?;
     let contention = words.next()?.ok()?;
     (runs > 0.0).then(|| contention / runs)
 }
 
-/// The table of bench 5: messages per second per design and thread count, each as a ratio to
-/// the global-lock design at the same thread count, with the global lock's contention (failed
-/// trylocks on `aa_buffers_lock`) per run beside it.
-pub fn pool_table(root: &Path) -> String {
+/// A table of designs (rows) by thread counts: each benchmark's `work` (messages or hook runs
+/// per iteration) per second, as a ratio to the global-lock design at the same thread count,
+/// and the global lock's contention per run beside it.
+fn pool_rates_table(
+    root: &Path,
+    group: &str,
+    threads: &[usize],
+    unit: &str,
+    work: impl Fn(usize) -> usize,
+) -> String {
     let mut headers = vec!["design".to_string()];
-    for t in POOL_THREADS {
-        headers.push(format!("{t} threads: msg/s"));
+    for t in threads {
+        headers.push(format!("{t} threads: {unit}/s"));
         headers.push("÷ global".to_string());
         headers.push("contention / run".to_string());
     }
     let refs: Vec<&str> = headers.iter().map(String::as_str).collect();
     let mut table = Table::new(&refs);
     let rate = |design: &str, t: usize| {
-        median_ns(root, POOL, design, Some(&t.to_string()))
-            .map(|ns| POOL_MESSAGES as f64 / (ns / 1e9))
+        median_ns(root, group, design, Some(&t.to_string())).map(|ns| work(t) as f64 / (ns / 1e9))
     };
     for design in POOL_DESIGNS {
         let mut row = vec![format!("`{design}`")];
-        for t in POOL_THREADS {
+        for &t in threads {
             let r = rate(design, t);
             row.push(r.map_or_else(|| "not measured".to_string(), |r| format!("{r:.0}")));
             row.push(fmt_ratio(r, rate(POOL_DESIGNS[0], t)));
             row.push(
-                contention_per_run(root, design, t)
+                contention_per_run_in(root, group, design, t)
                     .map_or_else(|| "n/a".to_string(), |c| format!("{c:.0}")),
             );
         }
         table.row(&row);
     }
     table.finish()
+}
+
+/// The table of bench 5: messages per second per design and thread count, each as a ratio to
+/// the global-lock design at the same thread count, with the global lock's contention (failed
+/// trylocks on `aa_buffers_lock`) per run beside it.
+pub fn pool_table(root: &Path) -> String {
+    pool_rates_table(root, POOL, &POOL_THREADS, "msg", |_| POOL_MESSAGES)
+}
+
+/// The table of bench 5b: hook runs per second per design and thread count, each as a ratio
+/// to the global-lock design, with the global lock's contention per run beside it.
+pub fn pool_hook_table(root: &Path) -> String {
+    pool_rates_table(root, POOL_HOOK, &POOL_HOOK_THREADS, "hooks", |t| {
+        t * POOL_HOOKS_PER_THREAD
+    })
 }
 
 #[cfg(test)]

@@ -9,14 +9,23 @@
 //! pool's counters summed over the iterations (`qpw_pool_stats.txt`): above all the global
 //! lock's contention (failed trylocks on `aa_buffers_lock`), which drives design 2's per-CPU
 //! cache and its adaptive hold.
+//!
+//! Bench 5b (`pool_hook`) runs the hook alone, back to back on 1, 2 and 4 threads bound to the
+//! CPUs, with no system call between: what each design's get and put cost when that is all the
+//! CPUs do, which hackbench dilutes in a pipe `write` and `read` per message.
 
 use std::time::Duration;
 
-use criterion::{BenchmarkId, Criterion, SamplingMode, Throughput};
-use qpw_benches::{pool_shape, pool_stats_path, Timing, POOL, POOL_THREADS};
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
+use qpw_benches::{
+    pool_shape, pool_stats_path, Timing, POOL, POOL_HOOK, POOL_HOOKS_PER_THREAD, POOL_HOOK_THREADS,
+    POOL_THREADS,
+};
 use qpw_core::{CpuSpec, Policy, Qpw};
 use qpw_workloads::pool::{
-    build, hackbench, Design, HackbenchConfig, PoolStats, Transport, HACKBENCH_DATASIZE,
+    build, hackbench, hooks_alone, BufferPool, Design, HackbenchConfig, PoolStats, Transport,
+    HACKBENCH_DATASIZE,
 };
 
 /// AppArmor's buffer: 2 x `PATH_MAX`.
@@ -47,7 +56,7 @@ impl Totals {
 
     /// Saves the totals beside criterion's estimates, for the `ratios` report (not when the
     /// benchmark did not run, filtered out: the last run's record stays).
-    fn record(&self, design: Design, threads: usize) {
+    fn record(&self, group: &str, design: Design, threads: usize) {
         if self.runs == 0 {
             return;
         }
@@ -56,16 +65,52 @@ impl Totals {
             self.runs, self.contention, self.local_hits, self.remote_returns, self.gets
         );
         eprintln!(
-            "{POOL}/{design}/{threads}: runs contention local_hits remote_returns gets = {}",
+            "{group}/{design}/{threads}: runs contention local_hits remote_returns gets = {}",
             line.trim()
         );
-        let file = pool_stats_path(&qpw_benches::criterion_dir(), design.name(), threads);
+        let file = pool_stats_path(&qpw_benches::criterion_dir(), group, design.name(), threads);
         let saved = file
             .parent()
             .map(|dir| std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&file, &line)));
         if !matches!(saved, Some(Ok(()))) {
             eprintln!("could not record the pool counters in {}", file.display());
         }
+    }
+}
+
+/// One run on a fresh pool of `design`: its time, the pool's counters, and the hooks whose
+/// buffer was used twice.
+type Run<'a> = dyn Fn(&dyn BufferPool) -> (Duration, PoolStats, u64) + 'a;
+
+/// Benchmarks `run` on each design at `threads`, a fresh pool per iteration, conservation
+/// checked after each (outside the timing), the counters recorded for the report.
+fn bench_designs(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    qpw: &Qpw,
+    name: &str,
+    threads: usize,
+    run: &Run<'_>,
+) {
+    for design in Design::ALL {
+        let mut totals = Totals::default();
+        group.bench_with_input(BenchmarkId::new(design.name(), threads), &(), |b, _| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let pool = build(design, qpw, BUFFER_SIZE, CAPACITY, PER_CPU)
+                        .expect("a pool is built");
+                    let (elapsed, stats, corrupt) = run(&*pool);
+                    assert_eq!(corrupt, 0, "{design}: a buffer used twice");
+                    if let Err(reason) = pool.check_conservation() {
+                        panic!("{design}: conservation broken: {reason}");
+                    }
+                    totals.add(&stats);
+                    total += elapsed;
+                }
+                total
+            })
+        });
+        totals.record(name, design, threads);
     }
 }
 
@@ -89,27 +134,26 @@ pub(crate) fn bench(c: &mut Criterion) {
             transport: Transport::Pipe,
         };
         group.throughput(Throughput::Elements(config.messages()));
-        for design in Design::ALL {
-            let mut totals = Totals::default();
-            group.bench_with_input(BenchmarkId::new(design.name(), threads), &(), |b, _| {
-                b.iter_custom(|iters| {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        let pool = build(design, &qpw, BUFFER_SIZE, CAPACITY, PER_CPU)
-                            .expect("a pool is built");
-                        let report = hackbench(&qpw, &*pool, &config).expect("a hackbench run");
-                        assert_eq!(report.corrupt, 0, "{design}: a buffer used twice");
-                        if let Err(reason) = pool.check_conservation() {
-                            panic!("{design}: conservation broken: {reason}");
-                        }
-                        totals.add(&report.stats);
-                        total += report.elapsed;
-                    }
-                    total
-                })
-            });
-            totals.record(design, threads);
-        }
+        bench_designs(&mut group, &qpw, POOL, threads, &|pool| {
+            let report = hackbench(&qpw, pool, &config).expect("a hackbench run");
+            (report.elapsed, report.stats, report.corrupt)
+        });
+    }
+    group.finish();
+
+    // 5b: the hook alone, back to back on every CPU.
+    let mut group = c.benchmark_group(POOL_HOOK);
+    crate::configure(&mut group, Timing::slow_path());
+    group.sampling_mode(SamplingMode::Flat);
+    for threads in POOL_HOOK_THREADS {
+        group.throughput(Throughput::Elements(
+            (threads * POOL_HOOKS_PER_THREAD) as u64,
+        ));
+        bench_designs(&mut group, &qpw, POOL_HOOK, threads, &|pool| {
+            let report =
+                hooks_alone(&qpw, pool, threads, POOL_HOOKS_PER_THREAD).expect("a run of hooks");
+            (report.elapsed, report.stats, report.corrupt)
+        });
     }
     group.finish();
 }

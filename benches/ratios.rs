@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use qpw_benches::{
     criterion_dir, drain_marginal_line, drain_svg, drain_table, fast_path_bounds_table,
-    local_table, machine_description, pool_table, resctrl_table, under_load_tables, DRAIN_COUNTER,
-    DRAIN_LRU, DRAIN_MEMCG,
+    local_table, machine_description, pool_hook_table, pool_table, resctrl_table,
+    under_load_tables, DRAIN_COUNTER, DRAIN_LRU, DRAIN_MEMCG,
 };
 
 fn main() {
@@ -70,7 +70,12 @@ fn main() {
     let _ = writeln!(out, "### 4. resctrl (group `resctrl`)\n");
     let _ = writeln!(out, "{}", resctrl_table(&root));
     let _ = writeln!(out, "### 5. Buffer pool (group `pool`)\n");
-    let _ = write!(out, "{}", pool_table(&root));
+    let _ = writeln!(out, "{}", pool_table(&root));
+    let _ = writeln!(
+        out,
+        "### 5b. Buffer pool, the hook alone (group `pool_hook`)\n"
+    );
+    let _ = write!(out, "{}", pool_hook_table(&root));
     if let Some(file) = svg {
         if let Err(e) = std::fs::write(&file, drain_svg(&root)) {
             eprintln!("Error: cannot write {}: {e}", file.display());

@@ -8,7 +8,7 @@ mod common;
 
 use qpw_core::{CpuSpec, Policy, Qpw};
 use qpw_workloads::pool::{
-    build, hackbench, BufferPool, Design, HackbenchConfig, PerCpuPools, Transport,
+    build, hackbench, hooks_alone, BufferPool, Design, HackbenchConfig, PerCpuPools, Transport,
 };
 
 const LOOPS: usize = if cfg!(miri) { 5 } else { 300 };
@@ -147,4 +147,35 @@ fn the_cache_design_never_caches_more_than_its_bound() {
             ..HackbenchConfig::default()
         },
     );
+}
+
+#[test]
+fn the_hook_alone_pairs_every_get_and_put_too() {
+    let qpw = common::instance_on(CpuSpec::Allowed, Policy::Remote);
+    for design in Design::ALL {
+        let pool = build(design, &qpw, 8192, 4096, 4).unwrap();
+        let report = hooks_alone(&qpw, &*pool, 4, LOOPS * 10).unwrap();
+        let s = report.stats;
+        assert_eq!(report.hooks, (4 * LOOPS * 10) as u64);
+        assert_eq!(
+            (s.gets, s.puts, s.in_use),
+            (report.hooks, report.hooks, 0),
+            "{design}"
+        );
+        assert_eq!((report.corrupt, s.violations), (0, 0), "{design}");
+        if design == Design::PerCpuPools {
+            assert_eq!((s.remote_returns, s.local_hits), (0, s.gets));
+        }
+        pool.check_conservation()
+            .unwrap_or_else(|e| panic!("{design}: {e}"));
+    }
+    let err = hooks_alone(
+        &qpw,
+        &*build(Design::GlobalLock, &qpw, 64, 4, 1).unwrap(),
+        0,
+        1,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("threads 0") && err.contains("1-64"), "{err}");
 }

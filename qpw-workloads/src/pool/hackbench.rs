@@ -21,10 +21,10 @@ use std::time::Duration;
 use std::io::{Read, Write};
 
 #[cfg(not(loom))]
-use qpw_core::sync::{thread, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-#[cfg(not(loom))]
 use qpw_core::Qpw;
 
+#[cfg(not(loom))]
+use super::bound_threads::run_bound;
 #[cfg(not(loom))]
 use super::buffer_pool::BufferPool;
 use super::buffer_pool::PoolStats;
@@ -183,80 +183,43 @@ pub fn hackbench(
     }
     channels.iter_mut().for_each(Channel::close_writer);
 
-    let corrupt = AtomicU64::new(0);
-    let start_line = AtomicUsize::new(0);
-    let go = AtomicBool::new(false);
     let per_receiver = config.fds * config.loops;
     let channels = &channels;
-
-    let elapsed = thread::scope(|scope| -> Result<Duration, PoolError> {
-        let mut handles = Vec::with_capacity(threads);
-        for (cpu, first, ends) in placement {
-            let (corrupt, start_line, go) = (&corrupt, &start_line, &go);
-            handles.push(scope.spawn(move || -> Result<(), PoolError> {
-                let _bound = qpw.bind_current(cpu)?;
-                start_line.fetch_add(1, Ordering::AcqRel);
-                while !go.load(Ordering::Acquire) {
-                    thread::yield_now();
-                }
-                let message = [0x5a_u8; 4096];
-                let message = &message[..config.datasize];
-                let mut damaged = 0;
-                match &ends {
-                    Ends::Sender(out) => {
-                        for _ in 0..config.loops {
-                            for (r, mut pipe) in out.iter().enumerate() {
-                                // write(2): the file-permission hook, then the write.
-                                let name = &channels[first + r].writer_name;
-                                damaged += u64::from(!file_permission(pool, name)?);
-                                pipe.write_all(message).map_err(io("write"))?;
-                            }
-                        }
-                    }
-                    Ends::Receiver { k, pipe } => {
-                        let name = &channels[first + *k].reader_name;
-                        let mut pipe = pipe;
-                        let mut into = [0u8; 4096];
-                        for _ in 0..per_receiver {
-                            // read(2): the file-permission hook, then the read.
-                            damaged += u64::from(!file_permission(pool, name)?);
-                            pipe.read_exact(&mut into[..config.datasize])
-                                .map_err(io("read"))?;
-                        }
+    let work = placement
+        .into_iter()
+        .map(|(cpu, first, ends)| (cpu, (first, ends)))
+        .collect();
+    let (elapsed, corrupt) = run_bound(qpw, "hackbench", work, |(first, ends)| {
+        let message = [0x5a_u8; 4096];
+        let message = &message[..config.datasize];
+        let mut damaged = 0;
+        match &ends {
+            Ends::Sender(out) => {
+                for _ in 0..config.loops {
+                    for (r, mut pipe) in out.iter().enumerate() {
+                        // write(2): the file-permission hook, then the write.
+                        let name = &channels[first + r].writer_name;
+                        damaged += u64::from(!file_permission(pool, name)?);
+                        pipe.write_all(message).map_err(io("write"))?;
                     }
                 }
-                corrupt.fetch_add(damaged, Ordering::Relaxed);
-                // The thread's ends close with it, done or failed: a receiver sees
-                // end-of-file once every sender of its group is gone, a sender `EPIPE` once
-                // its receiver is.
-                drop(ends);
-                Ok(())
-            }));
-        }
-        while start_line.load(Ordering::Acquire) < threads {
-            if handles.iter().any(|h| h.is_finished()) {
-                break;
             }
-            thread::yield_now();
-        }
-        let start = std::time::Instant::now();
-        go.store(true, Ordering::Release);
-        let mut first_err = None;
-        for h in handles {
-            let outcome = h.join().unwrap_or_else(|_| {
-                Err(PoolError::Thread {
-                    what: "hackbench",
-                    reason: "panicked".to_string(),
-                })
-            });
-            if let Err(e) = outcome {
-                first_err.get_or_insert(e);
+            Ends::Receiver { k, pipe } => {
+                let name = &channels[first + *k].reader_name;
+                let mut pipe = pipe;
+                let mut into = [0u8; 4096];
+                for _ in 0..per_receiver {
+                    // read(2): the file-permission hook, then the read.
+                    damaged += u64::from(!file_permission(pool, name)?);
+                    pipe.read_exact(&mut into[..config.datasize])
+                        .map_err(io("read"))?;
+                }
             }
         }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(start.elapsed()),
-        }
+        // The thread's ends close with it, done or failed: a receiver sees end-of-file once
+        // every sender of its group is gone, a sender `EPIPE` once its receiver is.
+        drop(ends);
+        Ok(damaged)
     })?;
 
     let messages = config.messages();
@@ -266,7 +229,7 @@ pub fn hackbench(
         threads,
         messages,
         hooks: config.hooks(),
-        corrupt: corrupt.load(Ordering::Relaxed),
+        corrupt,
         elapsed,
         messages_per_sec: messages as f64 / elapsed.as_secs_f64().max(1e-9),
         stats: pool.stats(),

@@ -48,6 +48,13 @@ impl FileName {
         Self { name, hash }
     }
 
+    /// A name given outright (`pipe:[4026532001]`, say), with its hash.
+    pub(super) fn named(name: &str) -> Self {
+        let name = name.as_bytes().to_vec();
+        let hash = fnv1a(&name);
+        Self { name, hash }
+    }
+
     /// The name's bytes.
     #[cfg(test)]
     pub(super) fn bytes(&self) -> &[u8] {

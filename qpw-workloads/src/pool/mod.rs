@@ -55,8 +55,11 @@
 //! `slab` (the buffers and their owner flags), `counters` (per-CPU counts), `spinlock`
 //! (`aa_buffers_lock`), one file per design (`global`, `cache`, `percpu_pools`), `design`
 //! (naming and building them), `hook` (AppArmor's file-permission hook), `transport` (pipes
-//! and socketpairs), `hackbench` (the load) and `figures`.
+//! and socketpairs), `hackbench` (the load), `hooks_alone` (the hook without the load's
+//! system calls) and `figures`.
 
+#[cfg(not(loom))]
+mod bound_threads;
 mod buffer_pool;
 mod cache;
 mod counters;
@@ -67,6 +70,8 @@ mod global;
 mod hackbench;
 #[cfg(not(loom))]
 mod hook;
+#[cfg(not(loom))]
+mod hooks_alone;
 mod percpu_pools;
 mod slab;
 mod spinlock;
@@ -84,4 +89,6 @@ pub use global::{GlobalPool, RESERVE_COUNT};
 #[cfg(not(loom))]
 pub use hackbench::hackbench;
 pub use hackbench::{HackbenchConfig, HackbenchReport, Transport, HACKBENCH_DATASIZE};
+#[cfg(not(loom))]
+pub use hooks_alone::{hooks_alone, HooksReport};
 pub use percpu_pools::PerCpuPools;

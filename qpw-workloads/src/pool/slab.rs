@@ -12,12 +12,22 @@ use super::counters::{Counter, Counters};
 use super::design::Design;
 use super::error::PoolError;
 
+/// 128 bytes of a buffer, on their own cache-line pair: a buffer is whole lines, so that the
+/// hook's writes at its end never share a line with the allocation after it (which false
+/// sharing would charge to whichever design happened to place the two side by side).
+#[repr(C, align(128))]
+#[derive(Clone, Copy)]
+struct Line([u8; LINE]);
+
+/// The bytes of a [`Line`].
+const LINE: usize = 128;
+
 /// One buffer: its owner flag and its bytes, alone on their cache lines, so that two CPUs
 /// using two buffers never share a line.
 #[repr(align(128))]
 struct Slot {
     owned: AtomicBool,
-    bytes: UnsafeCell<Vec<u8>>,
+    bytes: UnsafeCell<Vec<Line>>,
 }
 
 /// The buffers of one pool, handed out as [`Buffer`] tokens, and the pool's counters.
@@ -33,7 +43,7 @@ pub(super) struct Slab {
 // and a `Buffer` token for an id exists at most once (the slab mints each id once, pools move
 // tokens, never copy them), so the bytes are never shared between threads.
 unsafe impl Sync for Slab {}
-// SAFETY: the bytes are plain `Vec<u8>`s, which may move between threads.
+// SAFETY: the bytes are plain `Vec<Line>`s of bytes, which may move between threads.
 unsafe impl Send for Slab {}
 
 impl fmt::Debug for Slab {
@@ -85,7 +95,7 @@ impl Slab {
         let ptr = slot.bytes.get_mut();
         // SAFETY: `id` was just minted by the `fetch_add` above, so no token, list or other
         // thread knows it yet: this is the only access.
-        unsafe { ptr.deref() }.resize(self.size, 0);
+        unsafe { ptr.deref() }.resize(self.size.div_ceil(LINE), Line([0; LINE]));
         Some(id as u32)
     }
 
@@ -131,7 +141,15 @@ impl Slab {
         let ptr = slot.bytes.get_mut();
         // SAFETY: the token is unique for its id and mutably borrowed for this call, so no
         // other access to these bytes exists until `f` returns.
-        f(unsafe { ptr.deref() });
+        let lines = unsafe { ptr.deref() };
+        debug_assert!(lines.len() * LINE >= self.size);
+        // SAFETY: (1) `Line` is `repr(C)` around `[u8; 128]` and 128 bytes in size, so the
+        // vector's lines are `lines.len() * 128` initialised, contiguous bytes, of which the
+        // first `size` are this buffer's (`alloc` made `size.div_ceil(128)` lines); (2) `u8`
+        // needs no alignment; (3) the slice borrows `lines` mutably and lives no longer.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), self.size) };
+        f(bytes);
         Ok(())
     }
 
