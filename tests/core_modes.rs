@@ -536,8 +536,8 @@ fn bad_input_gets_a_clear_error() {
     let err = "fast".parse::<Policy>().unwrap_err().to_string();
     assert_eq!(
         err,
-        "unknown mode `fast`: expected `auto`, `queue`, `remote`, `isolated`, or \
-         `remote:<cpu-list>`"
+        "unknown mode `fast`: expected `auto`, `queue`, `remote`, `fenced`, `isolated`, \
+         `remote:<cpu-list>` or `fenced:<cpu-list>`"
     );
 
     let work = qpw.work(|_| {}).unwrap();

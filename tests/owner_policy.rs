@@ -72,7 +72,8 @@ fn remote_mode_is_refused() {
             err,
             Error::LockNeedsQueueMode {
                 cpu: 1,
-                lock: "owner-only"
+                lock: "owner-only",
+                mode: qpw_core::Mode::Remote,
             }
         ),
         "{err}"

@@ -54,7 +54,8 @@ fn smoke_rseq_lock_local_and_refusals() {
             err,
             Error::LockNeedsQueueMode {
                 cpu: 1,
-                lock: "rseq"
+                lock: "rseq",
+                mode: qpw_core::Mode::Remote,
             }
         ),
         "{err}"

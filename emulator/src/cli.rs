@@ -13,8 +13,9 @@ use std::time::Duration;
 use clap::{ArgAction, Args, Parser, Subcommand};
 
 /// oslat- and cyclictest-style probes around kernel-style per-CPU drains, in queue mode
-/// (work posted to a worker on the target CPU) and remote mode (run by the requester under the
-/// target CPU's lock).
+/// (work posted to a worker on the target CPU), remote mode (run by the requester under the
+/// target CPU's lock) and fenced mode (remote, with an owner lock of plain stores that the
+/// requester takes by fencing the target CPU).
 ///
 /// With no command, runs the default experiment (`qpw-emu run`).
 #[derive(Debug, Parser)]
@@ -95,9 +96,10 @@ pub struct FillerArgs {
 #[derive(Debug, Clone, Args)]
 pub struct DrainArgs {
     /// Drain mode: queue (post to the target CPU's worker), remote (run under the target's
-    /// lock in the requester), or auto (the kernel's rule, the default: remote when the
-    /// measured CPU is isolated or nohz_full, else queue). Giving --mode or --workload turns
-    /// the load on.
+    /// lock in the requester), fenced (remote, with a restartable-sequence lock that the
+    /// requester takes by fencing the target CPU with membarrier), or auto (the kernel's rule,
+    /// the default: remote when the measured CPU is isolated or nohz_full, else queue). Giving
+    /// --mode or --workload turns the load on.
     #[arg(long, value_name = "MODE", allow_hyphen_values = true)]
     pub mode: Option<String>,
     /// Workload: lru, memcg, slub, pcp, or counter (the emulator's built-in minimal one); for
@@ -178,6 +180,10 @@ pub struct RunArgs {
     /// kernel workloads).
     #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     pub workloads: Option<String>,
+    /// The modes each emulated workload runs in, comma-separated: queue, remote, fenced
+    /// (default: all three).
+    #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
+    pub modes: Option<String>,
     /// Requester drains per second, 1-100000 (default 1000; the kernel workloads' own rates
     /// for their rows).
     #[arg(long, value_name = "HZ", allow_hyphen_values = true)]

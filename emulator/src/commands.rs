@@ -158,9 +158,9 @@ pub fn resolve_drain(
     };
     let workload = workload.unwrap_or_else(WorkloadName::default_mm);
     if let Some(k) = workload.kernel() {
-        if mode == Some(Mode::Remote) {
+        if let Some(m) = mode.filter(|m| m.is_remote()) {
             bail!(
-                "--mode remote --workload {k}: the running kernel decides its own mode (see \
+                "--mode {m} --workload {k}: the running kernel decides its own mode (see \
                  `qpw-emu trace`'s kernel report); leave --mode out for kernel workloads"
             );
         }
@@ -212,12 +212,15 @@ pub fn throttling_for_run(
         .transpose()
 }
 
-/// `queue` or `remote`.
+/// `queue`, `remote` or `fenced`.
 pub fn parse_mode(raw: &str) -> Result<Mode> {
     match raw.trim() {
         "queue" => Ok(Mode::Queue),
         "remote" => Ok(Mode::Remote),
-        _ => Err(anyhow!("--mode {raw}: must be `auto`, `queue` or `remote`")),
+        "fenced" => Ok(Mode::Fenced),
+        _ => Err(anyhow!(
+            "--mode {raw}: must be `auto`, `queue`, `remote` or `fenced`"
+        )),
     }
 }
 

@@ -57,6 +57,7 @@ pub fn default_args() -> RunArgs {
         duration: "5s".into(),
         out: None,
         workloads: None,
+        modes: None,
         drain_rate: None,
         target: None,
         rtprio: None,
@@ -176,6 +177,20 @@ pub fn run(args: &RunArgs) -> Result<()> {
     };
     let rtprio = validate::opt_int_in("--rtprio", args.rtprio.as_deref(), 1, 99)?.map(|p| p as i32);
     let every = validate::int_in("--local-op-every", &args.local_op_every, 1, 1_000_000)?;
+    let modes: Vec<Mode> = match &args.modes {
+        Some(list) => {
+            let mut modes = Vec::new();
+            for m in list.split(',') {
+                let mode = crate::commands::parse_mode(m)
+                    .map_err(|_| anyhow!("--modes {list}: `{m}` is not queue, remote or fenced"))?;
+                if !modes.contains(&mode) {
+                    modes.push(mode);
+                }
+            }
+            modes
+        }
+        None => vec![Mode::Queue, Mode::Remote, Mode::Fenced],
+    };
     let mut notes = Vec::new();
     let asked: Vec<WorkloadName> = match &args.workloads {
         Some(list) => list
@@ -280,7 +295,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             scenarios.push(Acc::new(w.name(), Mode::Queue, w, rate));
             continue;
         }
-        for mode in [Mode::Queue, Mode::Remote] {
+        for &mode in &modes {
             scenarios.push(Acc::new(&format!("{mode}-{w}"), mode, w, rate));
         }
     }
@@ -361,6 +376,7 @@ struct Acc {
     rate: f64,
     hist: Histogram,
     op_hist: Histogram,
+    op_time: Histogram,
     seconds: f64,
     local_ops: u64,
     local_op_errors: u64,
@@ -391,6 +407,7 @@ impl Acc {
             rate,
             hist: Histogram::new(GAP_BUCKETS, GAP_WIDTH_NS),
             op_hist: Histogram::new(GAP_BUCKETS, GAP_WIDTH_NS),
+            op_time: oslat::op_time_hist(),
             seconds: 0.0,
             local_ops: 0,
             local_op_errors: 0,
@@ -507,6 +524,7 @@ impl Ctx {
         let acc = &mut self.scenarios[i];
         acc.hist.merge(&thread.hist);
         acc.op_hist.merge(&thread.op_hist);
+        acc.op_time.merge(&thread.op_time);
         acc.seconds += thread.duration_s;
         acc.local_ops += thread.local_ops;
         acc.local_op_errors += thread.local_op_errors;
@@ -761,7 +779,8 @@ impl Ctx {
                 &acc.hist,
                 acc.local_ops,
                 acc.local_op_errors,
-            )],
+            )
+            .with_op_time(&acc.op_time)],
             interruptions,
             probe_preemptions: Some(probe_preemptions),
             requester: acc.requester.as_ref().map(|r| r.0.clone()),
@@ -779,6 +798,7 @@ impl Ctx {
                 op_hist: acc.op_hist.clone(),
                 duration_s: acc.seconds,
                 local_ops: acc.local_ops,
+                op_time: acc.op_time.clone(),
                 local_op_errors: acc.local_op_errors,
                 first_error: None,
                 tid: 0,
@@ -903,6 +923,23 @@ impl Ctx {
                 two(q.preemptions_per_drain),
                 two(r.preemptions_per_drain),
             ));
+            if let Some(f) = find(&format!("fenced-{w}")) {
+                let ns = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.0} ns"));
+                lines.push(format!(
+                    "{w}: fenced/remote drain p50 {}, p99 {} (the requester fences the target \
+                     with membarrier); owner's local op p50 {} vs {}; excess interruptions per \
+                     drain {} vs {} (the fence's interrupt, when a thread of ours runs there); \
+                     probe preemptions per drain {} vs {}",
+                    ratio(f.drain_p50, r.drain_p50),
+                    ratio(f.drain_p99, r.drain_p99),
+                    ns(f.local_op_ns),
+                    ns(r.local_op_ns),
+                    two(f.excess_per_drain),
+                    two(r.excess_per_drain),
+                    two(f.preemptions_per_drain),
+                    two(r.preemptions_per_drain),
+                ));
+            }
             if q.target_drains == Some(0) {
                 lines.push(format!(
                     "{w}: no queue-mode drain reached the target (its cache was always empty when \

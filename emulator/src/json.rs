@@ -252,9 +252,19 @@ pub struct ThreadFigures {
     pub local_ops: u64,
     /// Local operations that failed.
     pub local_op_errors: u64,
+    /// The median time of one local operation, in nanoseconds (the owner's cost: the
+    /// workload's operation under its CPU's lock, timed by the probe), when it did any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_op_p50_ns: Option<f64>,
 }
 
 impl ThreadFigures {
+    /// With the median of the local operations' times in `op_time`, if it holds any.
+    pub fn with_op_time(mut self, op_time: &Histogram) -> Self {
+        self.local_op_p50_ns = (op_time.count() > 0).then(|| op_time.quantile_ns(0.5) as f64);
+        self
+    }
+
     /// The figures of `hist`.
     pub fn of(cpu: usize, hist: &Histogram, local_ops: u64, local_op_errors: u64) -> Self {
         Self {
@@ -266,6 +276,7 @@ impl ThreadFigures {
             overflow_sum_us: hist.overflow_sum_ns() as f64 / 1000.0,
             local_ops,
             local_op_errors,
+            local_op_p50_ns: None,
         }
     }
 }

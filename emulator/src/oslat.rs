@@ -87,6 +87,17 @@ pub struct OslatConfig {
     pub gap_log_ns: Option<u64>,
 }
 
+/// The bucket width of a local operation's time: fine enough to tell a lock word's
+/// compare-and-swap from a restartable sequence in the median.
+pub const OP_TIME_WIDTH_NS: u64 = 10;
+/// Its buckets: 20 us; longer operations (preempted inside) are overflows.
+pub const OP_TIME_BUCKETS: usize = 2000;
+
+/// A new, empty histogram of local-operation times.
+pub fn op_time_hist() -> Histogram {
+    Histogram::new(OP_TIME_BUCKETS, OP_TIME_WIDTH_NS)
+}
+
 /// The most gaps a thread keeps for attribution (16 bytes each); more are counted, not kept.
 pub const GAP_LOG_CAPACITY: usize = 1 << 18;
 
@@ -103,6 +114,10 @@ pub struct OslatThread {
     pub duration_s: f64,
     /// Local operations done.
     pub local_ops: u64,
+    /// How long each local operation took, from just before the call to just after it
+    /// (the owner's cost: the workload's operation under its CPU's lock), in
+    /// [`OP_TIME_WIDTH_NS`] buckets.
+    pub op_time: Histogram,
     /// Local operations that failed, with the first error.
     pub local_op_errors: u64,
     /// The first local-operation error, in words.
@@ -141,7 +156,10 @@ impl OslatRun {
     pub fn figures(&self) -> Vec<ThreadFigures> {
         self.threads
             .iter()
-            .map(|t| ThreadFigures::of(t.cpu, &t.hist, t.local_ops, t.local_op_errors))
+            .map(|t| {
+                ThreadFigures::of(t.cpu, &t.hist, t.local_ops, t.local_op_errors)
+                    .with_op_time(&t.op_time)
+            })
             .collect()
     }
 }
@@ -286,6 +304,7 @@ fn thread_main(
         None => (None, u64::MAX),
     };
     let (mut local_ops, mut op_errors, mut first_error) = (0u64, 0u64, None);
+    let mut op_time = op_time_hist();
     // SAFETY: `gettid` has no preconditions.
     let tid = unsafe { libc::gettid() };
     let log_from = cfg.gap_log_ns.map_or(u64::MAX, |ns| cal.from_ns(ns).max(1));
@@ -377,7 +396,9 @@ fn thread_main(
         if now >= next_op {
             if let Some(w) = op {
                 op_in_gap = true;
-                match w.process_op() {
+                let result = w.process_op();
+                op_time.record(cal.to_ns(ticks().saturating_sub(now)));
+                match result {
                     Ok(()) => local_ops += 1,
                     Err(e) => {
                         op_errors += 1;
@@ -406,6 +427,7 @@ fn thread_main(
         op_hist,
         duration_s: cal.to_ns(stop - start) as f64 / 1e9,
         local_ops,
+        op_time,
         local_op_errors: op_errors,
         first_error,
         tid,

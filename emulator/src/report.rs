@@ -63,6 +63,9 @@ pub struct Row {
     /// Of the interruptions, those that contained the probe's own local operation.
     #[serde(default)]
     pub during_local_op: Option<u64>,
+    /// The median time of the probe's own local operation (the owner's cost), ns.
+    #[serde(default)]
+    pub local_op_ns: Option<f64>,
     /// Interruptions beyond the idle rate, per drain that reached the target: the median over
     /// the rounds of `qpw-emu run` (each against its own round's idle rate), else the figure
     /// pooled over the whole run.
@@ -210,6 +213,7 @@ impl ThreadView {
             interruptions: i.map(|i| i.count),
             interruptions_per_s: i.map(|i| i.per_second),
             during_local_op: i.map(|i| i.during_local_op),
+            local_op_ns: ours.and_then(|f| f.local_op_p50_ns),
             excess_per_drain: i.and_then(|i| i.excess_per_drain_median.or(i.excess_per_drain)),
             excess_per_drain_by_round: i
                 .map(|i| i.excess_per_drain_by_round.clone())
@@ -299,7 +303,7 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         .max(14);
     let _ = writeln!(
         s,
-        "{:<nw$} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} {:>8} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+        "{:<nw$} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} {:>8} {:>6} | {:>7} {:>8} {:>8} {:>9} {:>6}",
         "scenario",
         "max",
         "p99",
@@ -310,13 +314,14 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         "per s",
         "per drain",
         "preempt",
+        "op ns",
         "drains",
         "p50",
         "p99",
         "max",
         "stalls"
     );
-    let _ = writeln!(s, "{}", "-".repeat(128 + nw));
+    let _ = writeln!(s, "{}", "-".repeat(135 + nw));
     for r in rows {
         let mark = match (r.from_buckets, r.interrupted) {
             (true, true) => "*!",
@@ -326,7 +331,7 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         };
         let _ = writeln!(
             s,
-            "{:<nw$} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} {:>8} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+            "{:<nw$} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} {:>8} {:>6} | {:>7} {:>8} {:>8} {:>9} {:>6}",
             format!("{}{mark}", r.name),
             r.max_us,
             num(r.p99_us, r.at_least[0]),
@@ -337,6 +342,7 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
             opt(r.interruptions_per_s, |v| format!("{v:.0}")),
             opt(r.excess_per_drain, |v| format!("{v:+.2}")),
             opt(r.preemptions_per_drain, |v| format!("{v:.2}")),
+            opt(r.local_op_ns, |v| format!("{v:.0}")),
             opt(r.drains, |v| v.to_string()),
             opt(r.drain_p50, |v| format!("{v:.1}")),
             opt(r.drain_p99, |v| format!("{v:.1}")),
@@ -349,6 +355,14 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
             s,
             "preempt: the probe thread's involuntary context switches per drain that reached the \
              target (a vCPU not running does not count there): queue mode about 1, remote about 0"
+        );
+    }
+    if rows.iter().any(|r| r.local_op_ns.is_some()) {
+        let _ = writeln!(
+            s,
+            "op ns: the median time of the probe's own local operation, the owner's cost (the \
+             workload's operation under its CPU's lock: a compare-and-swap pair in queue and \
+             remote mode, a restartable sequence in fenced mode), in 10 ns steps"
         );
     }
     if rows.iter().any(|r| r.during_local_op.is_some()) {

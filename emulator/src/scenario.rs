@@ -16,7 +16,7 @@ use crate::workload::WorkloadName;
 /// The drains around a probe.
 #[derive(Debug, Clone)]
 pub struct DrainSpec {
-    /// Queue or remote, on every CPU.
+    /// Queue, remote or fenced, on every CPU.
     pub mode: Mode,
     /// The workload.
     pub workload: WorkloadName,
@@ -84,6 +84,7 @@ pub fn setup(spec: &DrainSpec) -> Result<Setup> {
     let policy = match spec.mode {
         Mode::Queue => Policy::Queue,
         Mode::Remote => Policy::Remote,
+        Mode::Fenced => Policy::Fenced,
     };
     let qpw = Arc::new(
         Qpw::builder()

@@ -66,8 +66,8 @@ pub enum Error {
 
     /// A mode policy name that is not one of ours.
     #[error(
-        "unknown mode `{input}`: expected `auto`, `queue`, `remote`, `isolated`, or \
-         `remote:<cpu-list>`"
+        "unknown mode `{input}`: expected `auto`, `queue`, `remote`, `fenced`, `isolated`, \
+         `remote:<cpu-list>` or `fenced:<cpu-list>`"
     )]
     UnknownMode {
         /// The name as given.
@@ -87,17 +87,19 @@ pub enum Error {
         caller: Option<usize>,
     },
 
-    /// A lock that only its own CPU's threads may take, asked for on a remote-mode CPU (whose
-    /// lock other CPUs take).
+    /// A lock that only its own CPU's threads may take, asked for on a remote- or fenced-mode
+    /// CPU (whose lock other CPUs take).
     #[error(
-        "cpu {cpu} is in remote mode, where other CPUs take its lock, but the {lock} lock may \
+        "cpu {cpu} is in {mode} mode, where other CPUs take its lock, but the {lock} lock may \
          only be taken by that CPU's own threads: build the instance with every CPU in queue mode"
     )]
     LockNeedsQueueMode {
-        /// The first remote-mode CPU.
+        /// The first remote- or fenced-mode CPU.
         cpu: usize,
         /// The lock's name.
         lock: &'static str,
+        /// That CPU's mode.
+        mode: crate::Mode,
     },
 
     /// A second thread tried to claim a CPU's owner-only slot.
@@ -132,7 +134,8 @@ pub enum Error {
         cpu: usize,
     },
 
-    /// A `remote:<cpu-list>` policy naming a CPU that the instance does not manage.
+    /// A `remote:<cpu-list>` or `fenced:<cpu-list>` policy naming a CPU that the instance does
+    /// not manage.
     #[error(
         "policy `{policy}` names cpu {cpu}, which is not in the managed set {managed}: list \
          only managed CPUs"

@@ -89,8 +89,14 @@ use std::fmt;
 use crate::{LocalAttempt, LocalLockKind, RawLocalLock, RawRemoteLock, RseqLock};
 
 /// An [`RseqLock`] that other CPUs may take, by raising a flag and fencing the lock's CPU
-/// (see the [module docs](self)): the per-CPU lock of the *fenced* mode, a remote-mode CPU
-/// whose owner path has no atomic read-modify-write.
+/// (see the [module docs](self)): the per-CPU lock of [fenced mode](crate::Mode::Fenced), a
+/// remote-mode CPU whose owner path has no atomic read-modify-write.
+///
+/// A policy that puts CPUs in fenced mode ([`Policy::Fenced`](crate::Policy::Fenced),
+/// [`Policy::FencedOn`](crate::Policy::FencedOn)) gives those CPUs' slots of
+/// [`Qpw::per_cpu`](crate::Qpw::per_cpu) state this lock (through [`PwLock`](crate::PwLock)),
+/// and runs their work in the caller. Naming it, as below, puts it on every CPU whatever its
+/// mode.
 ///
 /// ```
 /// use qpw_core::{FencedLock, Policy, Qpw};

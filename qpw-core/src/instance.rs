@@ -63,7 +63,8 @@ impl Builder {
 
     /// How to choose each CPU's mode (default: [`Policy::Auto`], the kernel's rule: remote on
     /// the isolated and `nohz_full` CPUs, queue elsewhere, queue everywhere without
-    /// isolation). An explicit policy always wins. A [`Policy::RemoteOn`] list must name
+    /// isolation). An explicit policy always wins. A [`Policy::RemoteOn`] or
+    /// [`Policy::FencedOn`] list must name
     /// managed CPUs only: [`build`](Self::build) refuses others with
     /// [`Error::PolicyCpuNotManaged`].
     pub fn policy(mut self, policy: Policy) -> Self {
@@ -128,7 +129,7 @@ impl Builder {
             return Err(Error::EmptyCpuSet);
         }
 
-        if let Policy::RemoteOn(list) = &self.policy {
+        if let Some(list) = self.policy.listed() {
             if let Some(cpu) = list.iter().find(|&c| !managed.contains(c)) {
                 return Err(Error::PolicyCpuNotManaged {
                     policy: self.policy.to_string(),
@@ -158,9 +159,9 @@ impl Builder {
             .zip(managed.iter())
             .map(|(&p, id)| {
                 let key = if logical { p } else { id };
-                match &self.policy {
-                    Policy::RemoteOn(_) => self.policy.mode_of(id, &isolated),
-                    _ => self.policy.mode_of(key, &isolated),
+                match self.policy.listed() {
+                    Some(_) => self.policy.mode_of(id, &isolated),
+                    None => self.policy.mode_of(key, &isolated),
                 }
             })
             .collect();
@@ -473,12 +474,12 @@ impl Qpw {
         Ok(self.inner().phys[self.inner().idx(cpu)?])
     }
 
-    /// The kernel's `pw_is_cpu_remote(cpu)`: true when `cpu` is in remote mode and the caller
+    /// The kernel's `pw_is_cpu_remote(cpu)`: true when `cpu` is in remote (or fenced) mode and the caller
     /// is not one of its threads, i.e. when work for it would run here, on another CPU. Inside
     /// a run, the same answer as [`WorkCtx::is_remote`]. [`Error::CpuNotManaged`] for a CPU
     /// the instance does not manage.
     pub fn is_cpu_remote(&self, cpu: usize) -> Result<bool> {
-        Ok(self.mode(cpu)? == Mode::Remote && self.inner().current_cpu() != Some(cpu))
+        Ok(self.mode(cpu)?.is_remote() && self.inner().current_cpu() != Some(cpu))
     }
 
     /// The CPU of this instance that the calling thread belongs to, if it can be told.
@@ -511,19 +512,31 @@ impl Qpw {
     pub fn describe(&self) -> String {
         let queue = self.cpus_in(Mode::Queue);
         let remote = self.cpus_in(Mode::Remote);
+        let fenced = self.cpus_in(Mode::Fenced);
         let policy = &self.inner().policy;
         let origin = if policy.is_explicit() {
             "explicit"
         } else {
             "the default: the kernel's rule"
         };
+        let any_remote = !remote.is_empty() || !fenced.is_empty();
         let clause = |mode: Mode, set: &CpuSet| {
             if set.is_empty() {
                 format!("{mode} on {set}")
             } else {
-                let why = policy.reason(mode, !remote.is_empty());
+                let why = policy.reason(mode, any_remote);
                 format!("{mode} on {set} ({why})")
             }
+        };
+        // The fenced CPUs only when there are some, with the protocol their locks use.
+        let fenced_clause = if fenced.is_empty() {
+            String::new()
+        } else {
+            let lock = match crate::FencedLock::kind() {
+                crate::LocalLockKind::Rseq => "restartable sequences, fenced by membarrier",
+                _ => "the atomic fallback, as remote mode: no rseq fence here",
+            };
+            format!(", {} with locks on {lock}", clause(Mode::Fenced, &fenced))
         };
         let kind = if self.inner().logical {
             let phys: CpuSet = self.inner().phys.iter().copied().collect();
@@ -540,12 +553,22 @@ impl Qpw {
             "sched_getcpu"
         };
         format!(
-            "{kind}; policy {policy} ({origin}): {}, {}; unbound threads' CPU from \
-             {cpu_source}; RseqLock uses {}",
+            "{kind}; policy {policy} ({origin}): {}, {}{fenced_clause}; unbound threads' CPU \
+             from {cpu_source}; RseqLock uses {}",
             clause(Mode::Queue, &queue),
             clause(Mode::Remote, &remote),
             crate::RseqLock::kind()
         )
+    }
+
+    /// The CPUs whose locks other CPUs may take (remote and fenced mode), the first of which
+    /// refuses a lock made only for its own CPU's threads.
+    fn first_remote_cpu(&self) -> Option<(usize, Mode)> {
+        self.inner()
+            .managed
+            .iter()
+            .zip(self.inner().modes.iter().copied())
+            .find(|&(_, m)| m.is_remote())
     }
 
     /// Pins the calling thread to `cpu`'s physical CPU and registers it as a thread of `cpu`, so
@@ -558,12 +581,13 @@ impl Qpw {
     /// Per-CPU state for thread-per-core: each CPU's slot belongs to the one thread that
     /// [claims](crate::OwnedPerCpu::claim) it, which reaches it with no lock word at all and
     /// runs the work queued to its CPU itself when it polls (see [`OwnedPerCpu`](crate::OwnedPerCpu)).
-    /// Refused with [`Error::LockNeedsQueueMode`] when any CPU is in remote mode: there is no
+    /// Refused with [`Error::LockNeedsQueueMode`] when any CPU is in remote or fenced mode: there is no
     /// lock for another CPU to take.
     pub fn owned_per_cpu<T>(&self, init: impl FnMut(usize) -> T) -> Result<crate::OwnedPerCpu<T>> {
-        if let Some(cpu) = self.cpus_in(Mode::Remote).first() {
+        if let Some((cpu, mode)) = self.first_remote_cpu() {
             return Err(Error::LockNeedsQueueMode {
                 cpu,
+                mode,
                 lock: "owner-only",
             });
         }
@@ -571,7 +595,9 @@ impl Qpw {
     }
 
     /// Per-CPU state, one slot per managed CPU, initialised with `init(cpu)`, each behind that
-    /// CPU's [`FairLock`](crate::FairLock) (the kernel's `DEFINE_PER_CPU` plus `pw_lock_init`).
+    /// CPU's [`PwLock`](crate::PwLock) (the kernel's `DEFINE_PER_CPU` plus `pw_lock_init`): a
+    /// [`FairLock`](crate::FairLock) on queue- and remote-mode CPUs, a
+    /// [`FencedLock`](crate::FencedLock) on fenced-mode ones.
     pub fn per_cpu<T>(&self, init: impl FnMut(usize) -> T) -> PerCpu<T> {
         PerCpu::new(self.inner().clone(), init)
     }
@@ -579,7 +605,7 @@ impl Qpw {
     /// Like [`per_cpu`](Self::per_cpu), with the local lock `L` chosen by type: for example
     /// [`RseqLock`](crate::RseqLock), the restartable-sequence lock. A lock that only its own
     /// CPU's threads may take ([`RawLocalLock::OWN_CPU_ONLY`](crate::RawLocalLock::OWN_CPU_ONLY))
-    /// is refused with [`Error::LockNeedsQueueMode`] when any CPU is in remote mode.
+    /// is refused with [`Error::LockNeedsQueueMode`] when any CPU is in remote or fenced mode.
     ///
     /// ```
     /// use qpw_core::{FairLock, Policy, Qpw, RseqLock};
@@ -596,9 +622,10 @@ impl Qpw {
         init: impl FnMut(usize) -> T,
     ) -> Result<PerCpu<T, L>> {
         if L::OWN_CPU_ONLY {
-            if let Some(cpu) = self.cpus_in(Mode::Remote).first() {
+            if let Some((cpu, mode)) = self.first_remote_cpu() {
                 return Err(Error::LockNeedsQueueMode {
                     cpu,
+                    mode,
                     lock: lock_name::<L>(),
                 });
             }

@@ -41,13 +41,16 @@
 //! | `cpumask_any_housekeeping` | same | [`Topology::housekeeping_cpu`] | | |
 //! | `smp_processor_id()` | same | [`rseq::current_cpu`], else [`current_cpu`] (`sched_getcpu`) | | |
 //! | non-RT `local_lock` (`preempt_disable`) | same | [`RseqLock`] in [`Qpw::per_cpu_with`] | restartable sequence, plain stores | refused |
+//! | none (userspace has no `preempt_disable`) | none | [`Mode::Fenced`] ([`Policy::Fenced`], [`Policy::FencedOn`]): [`Qpw::per_cpu`] slots get a [`FencedLock`] | | as remote mode, but the owner takes the lock with a restartable sequence and the caller fences the CPU with `membarrier` |
 //! | none (thread-per-core, Seastar) | none | [`Qpw::owned_per_cpu`], [`Owner::lock_local`], [`Owner::poll`] | one owner, work run at its poll | refused |
 //!
 //! # How the local lock excludes, in each mode, and what it costs
 //!
 //! Userspace has no `preempt_disable()`: two threads of one CPU can interleave, so even the
 //! owner's path needs a real lock word. Every slot of a [`PerCpu`] is guarded by a
-//! [`RawLocalLock`]; the default, [`FairLock`], is one atomic word (`parking_lot`'s):
+//! [`RawLocalLock`]; the default, [`PwLock`], takes the protocol of the slot's CPU's mode: in
+//! queue and remote mode a [`FairLock`], one atomic word (`parking_lot`'s); in fenced mode a
+//! [`FencedLock`]:
 //!
 //! - **Queue mode.** Only the CPU's own threads take the lock: its worker (which runs the
 //!   queued work) and threads bound to or running on that CPU. The lock still matters, because
@@ -57,8 +60,14 @@
 //! - **Remote mode.** Any thread may take the lock, and a drain does: the cache line moves to
 //!   the requester and back, once per drain, instead of a context switch on the target. The
 //!   owner's fast path is the same compare-and-swap as in queue mode.
+//! - **Fenced mode.** As remote mode, but the owner takes its CPU's lock with plain stores in
+//!   a restartable sequence, and a requester on another CPU raises a flag and fences that CPU
+//!   with `membarrier` (an interrupt there, while a thread of this process runs on it) before
+//!   it may hold the lock: the owner's path loses its atomics, the requester's drain gains a
+//!   system call and an inter-processor interrupt ([`fenced_lock`] has the protocol and its
+//!   argument).
 //!
-//! Why it is correct: the word is changed only by atomic read-modify-write with acquire/release
+//! Why the atomic word is correct: the word is changed only by atomic read-modify-write with acquire/release
 //! ordering, so exclusion holds whatever CPUs the contenders run on, and the data written by
 //! one holder is visible to the next. Why it stays bounded: a waiter spins only briefly and then
 //! sleeps (a waiter on the same CPU as a preempted holder would otherwise spin against a thread
@@ -81,9 +90,9 @@
 //!
 //! | policy | made by | how it excludes the CPU's threads | owner's acquire + release | reachable from another CPU | when unavailable |
 //! |---|---|---|---|---|---|
-//! | [`FairLock`] (default) | [`Qpw::per_cpu`] | one atomic word | two compare-and-swaps | yes: remote mode, `for_each_locked` | always available |
+//! | [`FairLock`] (default in queue and remote mode) | [`Qpw::per_cpu`] | one atomic word | two compare-and-swaps | yes: remote mode, `for_each_locked` | always available |
 //! | [`RseqLock`] | [`Qpw::per_cpu_with`] | a restartable sequence whose last instruction, a plain store, the kernel aborts on preemption or migration | plain loads and stores, no atomic read-modify-write | no (queue mode only, no [`RawRemoteLock`]); a thread that finds itself elsewhere fences the CPU with `membarrier` first | falls back to the [`FairLock`] protocol, reported by [`rseq::status`] and [`Qpw::describe`] |
-//! | [`FencedLock`] | [`Qpw::per_cpu_with`] | the same restartable sequence as [`RseqLock`] | plain loads and stores, no atomic read-modify-write | yes: a requester raises a flag, fences the one CPU with `membarrier` (aborting any sequence in flight there), then waits for a holder that had committed; remote-mode drains run in the requester, no worker | falls back to the [`FairLock`] protocol, as [`RseqLock`] does |
+//! | [`FencedLock`] | [`Qpw::per_cpu`] on fenced-mode CPUs, or [`Qpw::per_cpu_with`] | the same restartable sequence as [`RseqLock`] | plain loads and stores, no atomic read-modify-write | yes: a requester raises a flag, fences the one CPU with `membarrier` (aborting any sequence in flight there), then waits for a holder that had committed; remote-mode drains run in the requester, no worker | falls back to the [`FairLock`] protocol, as [`RseqLock`] does |
 //! | owner-only | [`Qpw::owned_per_cpu`] | one owning thread per CPU ([`Owner`], `!Send`), enforced | a borrow flag: no lock word at all | no: work is posted to the CPU's mailbox and run by the owner when it polls | always available |
 //!
 //! Waiting is the same story in each: a waiter on the [`FairLock`] or the [`RseqLock`]
@@ -210,6 +219,7 @@ mod instance;
 mod mode;
 pub mod owner;
 mod percpu;
+mod pw_lock;
 mod raw_lock;
 pub mod rseq;
 pub mod rseq_lock;
@@ -229,6 +239,7 @@ pub use instance::{Binding, Builder, CpuSpec, Qpw, ShutdownReport};
 pub use mode::{Mode, Policy};
 pub use owner::{OwnedGuard, OwnedPerCpu, Owner};
 pub use percpu::{PerCpu, PerCpuGuard};
+pub use pw_lock::PwLock;
 pub use raw_lock::{FairLock, LocalAttempt, RawLocalLock, RawRemoteLock};
 pub use rseq_lock::{LocalLockKind, RseqLock};
 pub use topology::{FakeSysfs, Topology};

@@ -1,5 +1,5 @@
 //! How each CPU's remote work is done: queued to the CPU's worker, or run by the caller under
-//! the CPU's lock.
+//! the CPU's lock (an atomic lock word, or a restartable sequence that the caller fences).
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,6 +15,17 @@ pub enum Mode {
     /// Kernel mode 1: `queue_on` runs the work at once in the caller, under the CPU's lock;
     /// `flush` has nothing to wait for.
     Remote,
+    /// Remote mode with an owner path that has no atomic read-modify-write: the CPU's lock in
+    /// [`Qpw::per_cpu`](crate::Qpw::per_cpu) state is a [`FencedLock`](crate::FencedLock),
+    /// which the CPU's own threads take with a restartable sequence and another CPU takes by
+    /// raising a flag and fencing the CPU with `membarrier` (no worker, no context switch; a
+    /// short interrupt on the CPU while one of the process's threads runs there). Work runs in
+    /// the caller, as in [`Mode::Remote`]. No kernel counterpart: the kernel's owner path is
+    /// `preempt_disable()`, which userspace lacks. Where restartable sequences or the rseq
+    /// fence are missing, the lock uses the atomic protocol of remote mode
+    /// ([`rseq::status`](crate::rseq::status) and [`Qpw::describe`](crate::Qpw::describe) say
+    /// so).
+    Fenced,
 }
 
 impl Mode {
@@ -23,7 +34,21 @@ impl Mode {
         match self {
             Mode::Queue => "queue",
             Mode::Remote => "remote",
+            Mode::Fenced => "fenced",
         }
+    }
+
+    /// Whether work for the CPU runs in the caller under the CPU's lock, which any thread may
+    /// take: remote and fenced mode (the kernel's `pwlocks=1`), not queue mode.
+    ///
+    /// ```
+    /// use qpw_core::Mode;
+    ///
+    /// assert!(Mode::Remote.is_remote() && Mode::Fenced.is_remote());
+    /// assert!(!Mode::Queue.is_remote());
+    /// ```
+    pub fn is_remote(self) -> bool {
+        !matches!(self, Mode::Queue)
     }
 }
 
@@ -41,7 +66,8 @@ impl fmt::Display for Mode {
 /// the others, and queue mode everywhere when there are none. Any other policy is an explicit
 /// choice, which always wins, as an explicit `pwlocks=0/1` does.
 ///
-/// Parsed from `auto`, `queue`, `remote`, `isolated`, or `remote:<cpu-list>`:
+/// Parsed from `auto`, `queue`, `remote`, `fenced`, `isolated`, `remote:<cpu-list>` or
+/// `fenced:<cpu-list>`:
 ///
 /// ```
 /// use qpw_core::Policy;
@@ -50,6 +76,7 @@ impl fmt::Display for Mode {
 /// assert_eq!("auto".parse::<Policy>()?, Policy::Auto);
 /// assert_eq!("isolated".parse::<Policy>()?, Policy::Isolated);
 /// assert_eq!("remote:1,3".parse::<Policy>()?, Policy::RemoteOn("1,3".parse()?));
+/// assert_eq!("fenced:2-3".parse::<Policy>()?, Policy::FencedOn("2-3".parse()?));
 /// assert!("fast".parse::<Policy>().is_err());
 /// # Ok::<(), qpw_core::Error>(())
 /// ```
@@ -71,21 +98,34 @@ pub enum Policy {
     /// Remote mode on the listed CPUs, queue mode on the rest. Every listed CPU must be
     /// managed by the instance ([`Error::PolicyCpuNotManaged`] otherwise).
     RemoteOn(CpuSet),
+    /// Every CPU in [fenced mode](Mode::Fenced).
+    Fenced,
+    /// Fenced mode on the listed CPUs, queue mode on the rest (the listed CPUs must be
+    /// managed, as for [`Policy::RemoteOn`]).
+    FencedOn(CpuSet),
 }
 
 impl Policy {
     /// The mode of `cpu` under this policy, given the isolated CPUs.
     pub fn mode_of(&self, cpu: usize, isolated: &CpuSet) -> Mode {
-        let remote = match self {
+        let chosen = match self {
             Policy::Queue => false,
-            Policy::Remote => true,
+            Policy::Remote | Policy::Fenced => true,
             Policy::Auto | Policy::Isolated => isolated.contains(cpu),
-            Policy::RemoteOn(set) => set.contains(cpu),
+            Policy::RemoteOn(set) | Policy::FencedOn(set) => set.contains(cpu),
         };
-        if remote {
-            Mode::Remote
-        } else {
-            Mode::Queue
+        match (chosen, self) {
+            (false, _) => Mode::Queue,
+            (true, Policy::Fenced | Policy::FencedOn(_)) => Mode::Fenced,
+            (true, _) => Mode::Remote,
+        }
+    }
+
+    /// The CPUs the policy lists by number, which the instance must manage.
+    pub fn listed(&self) -> Option<&CpuSet> {
+        match self {
+            Policy::RemoteOn(set) | Policy::FencedOn(set) => Some(set),
+            _ => None,
         }
     }
 
@@ -100,17 +140,17 @@ impl Policy {
     }
 
     /// Why a CPU has `mode` under this policy, for reports; `any_remote` says whether the
-    /// instance has a remote-mode CPU at all.
+    /// instance has a remote- or fenced-mode CPU at all.
     pub fn reason(&self, mode: Mode, any_remote: bool) -> &'static str {
         match (self, mode) {
-            (Policy::Auto | Policy::Isolated, Mode::Remote) => "isolated or nohz_full",
             (Policy::Auto | Policy::Isolated, Mode::Queue) if !any_remote => {
                 "no isolated or nohz_full CPU"
             }
             (Policy::Auto | Policy::Isolated, Mode::Queue) => "housekeeping",
-            (Policy::Queue | Policy::Remote, _) => "every CPU",
-            (Policy::RemoteOn(_), Mode::Remote) => "listed",
-            (Policy::RemoteOn(_), Mode::Queue) => "not listed",
+            (Policy::Auto | Policy::Isolated, _) => "isolated or nohz_full",
+            (Policy::Queue | Policy::Remote | Policy::Fenced, _) => "every CPU",
+            (Policy::RemoteOn(_) | Policy::FencedOn(_), Mode::Queue) => "not listed",
+            (Policy::RemoteOn(_) | Policy::FencedOn(_), _) => "listed",
         }
     }
 }
@@ -124,12 +164,18 @@ impl FromStr for Policy {
             "queue" => Ok(Policy::Queue),
             "remote" => Ok(Policy::Remote),
             "isolated" => Ok(Policy::Isolated),
-            other => match other.strip_prefix("remote:") {
-                Some(list) => Ok(Policy::RemoteOn(list.parse()?)),
-                None => Err(Error::UnknownMode {
-                    input: input.to_string(),
-                }),
-            },
+            "fenced" => Ok(Policy::Fenced),
+            other => {
+                if let Some(list) = other.strip_prefix("remote:") {
+                    Ok(Policy::RemoteOn(list.parse()?))
+                } else if let Some(list) = other.strip_prefix("fenced:") {
+                    Ok(Policy::FencedOn(list.parse()?))
+                } else {
+                    Err(Error::UnknownMode {
+                        input: input.to_string(),
+                    })
+                }
+            }
         }
     }
 }
@@ -142,6 +188,8 @@ impl fmt::Display for Policy {
             Policy::Remote => f.write_str("remote"),
             Policy::Isolated => f.write_str("isolated"),
             Policy::RemoteOn(set) => write!(f, "remote:{set}"),
+            Policy::Fenced => f.write_str("fenced"),
+            Policy::FencedOn(set) => write!(f, "fenced:{set}"),
         }
     }
 }
@@ -152,7 +200,15 @@ mod tests {
 
     #[test]
     fn parse_round_trips() {
-        for text in ["auto", "queue", "remote", "isolated", "remote:1,3-5"] {
+        for text in [
+            "auto",
+            "queue",
+            "remote",
+            "isolated",
+            "remote:1,3-5",
+            "fenced",
+            "fenced:0,2",
+        ] {
             assert_eq!(text.parse::<Policy>().unwrap().to_string(), text);
         }
     }
@@ -175,5 +231,17 @@ mod tests {
         }
         assert_eq!(Policy::Queue.mode_of(3, &iso), Mode::Queue);
         assert_eq!(Policy::Remote.mode_of(2, &iso), Mode::Remote);
+    }
+
+    #[test]
+    fn fenced_policies_choose_fenced_mode() {
+        let none = CpuSet::new();
+        assert_eq!(Policy::Fenced.mode_of(0, &none), Mode::Fenced);
+        let listed = Policy::FencedOn("1".parse().unwrap());
+        assert_eq!(listed.mode_of(1, &none), Mode::Fenced);
+        assert_eq!(listed.mode_of(0, &none), Mode::Queue);
+        assert_eq!(listed.reason(Mode::Fenced, true), "listed");
+        assert_eq!(listed.reason(Mode::Queue, true), "not listed");
+        assert!(!listed.follows_isolation());
     }
 }

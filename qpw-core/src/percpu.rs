@@ -10,7 +10,7 @@ use crossbeam_utils::CachePadded;
 use crate::instance::Inner;
 use crate::sync::{Arc, MutPtr, UnsafeCell};
 use crate::{
-    CpuSet, Error, FairLock, LocalAttempt, Mode, RawLocalLock, RawRemoteLock, Result, WorkCtx,
+    CpuSet, Error, LocalAttempt, Mode, PwLock, RawLocalLock, RawRemoteLock, Result, WorkCtx,
 };
 
 /// How often [`PerCpu::lock_local`] follows a migrating thread to its new CPU's lock.
@@ -47,7 +47,7 @@ struct Slot<T, L> {
 /// assert_eq!(total, 5);
 /// # Ok::<(), qpw_core::Error>(())
 /// ```
-pub struct PerCpu<T, L: RawLocalLock = FairLock> {
+pub struct PerCpu<T, L: RawLocalLock = PwLock> {
     inner: Arc<Inner>,
     /// Shared by the clones. A slice `Arc` points straight at its elements, so reaching a slot
     /// costs no more dependent loads than a `Box` did. A std `Arc` under loom too: loom's
@@ -105,10 +105,10 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
         let slots = inner
             .managed
             .iter()
-            .zip(&inner.phys)
-            .map(|(cpu, &phys)| {
+            .zip(inner.phys.iter().zip(&inner.modes))
+            .map(|(cpu, (&phys, &mode))| {
                 CachePadded::new(Slot {
-                    lock: L::for_cpu(phys),
+                    lock: L::for_cpu_in(phys, mode),
                     data: UnsafeCell::new(init(cpu)),
                 })
             })
@@ -369,7 +369,7 @@ impl<T, L: RawRemoteLock> PerCpu<T, L> {
 /// Exclusive access to one CPU's slot, released on drop. Not `Send`: a lock is released by the
 /// thread that took it.
 #[must_use = "the lock is released as soon as the guard is dropped"]
-pub struct PerCpuGuard<'a, T, L: RawLocalLock = FairLock> {
+pub struct PerCpuGuard<'a, T, L: RawLocalLock = PwLock> {
     lock: &'a L,
     ptr: ManuallyDrop<MutPtr<T>>,
     cpu: usize,
@@ -440,6 +440,21 @@ mod tests {
     use crate::{CpuSpec, Policy, Qpw};
 
     #[test]
+    fn each_slot_takes_its_cpus_protocol() {
+        let qpw = Qpw::builder()
+            .cpus(CpuSpec::Logical(3))
+            .policy(Policy::FencedOn("1".parse().unwrap()))
+            .build()
+            .unwrap();
+        let per_cpu = qpw.per_cpu(|cpu| cpu);
+        let fenced: Vec<bool> = per_cpu.slots.iter().map(|s| s.lock.is_fenced()).collect();
+        assert_eq!(fenced, [false, true, false]);
+        // A fenced CPU is reached from anywhere, as a remote one is.
+        assert_eq!(*per_cpu.lock(1).unwrap(), 1);
+        assert!(per_cpu.lock(2).is_err(), "cpu 2 is in queue mode");
+    }
+
+    #[test]
     fn slots_sit_on_their_own_cache_lines() {
         let qpw = Qpw::builder()
             .cpus(CpuSpec::Logical(3))
@@ -447,11 +462,11 @@ mod tests {
             .build()
             .unwrap();
         let per_cpu = qpw.per_cpu(|_| 0u8);
-        let a = &*per_cpu.slots[0] as *const Slot<u8, FairLock> as usize;
-        let b = &*per_cpu.slots[1] as *const Slot<u8, FairLock> as usize;
+        let a = &*per_cpu.slots[0] as *const Slot<u8, PwLock> as usize;
+        let b = &*per_cpu.slots[1] as *const Slot<u8, PwLock> as usize;
         assert!(b - a >= 64, "slots {a:#x} and {b:#x} share a cache line");
         assert_eq!(
-            std::mem::align_of::<CachePadded<Slot<u8, FairLock>>>() % 64,
+            std::mem::align_of::<CachePadded<Slot<u8, PwLock>>>() % 64,
             0
         );
     }

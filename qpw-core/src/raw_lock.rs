@@ -37,6 +37,19 @@ pub unsafe trait RawLocalLock: Send + Sync {
         Self::new()
     }
 
+    /// A new, unlocked lock for the slot of a CPU in `mode` whose threads run on physical CPU
+    /// `phys`: what [`PerCpu`](crate::PerCpu) calls for each slot. Only a lock that changes its
+    /// protocol with the mode ([`PwLock`](crate::PwLock)) looks at `mode`; the default is
+    /// [`for_cpu`](Self::for_cpu).
+    #[inline]
+    fn for_cpu_in(phys: usize, mode: crate::Mode) -> Self
+    where
+        Self: Sized,
+    {
+        let _ = mode;
+        Self::for_cpu(phys)
+    }
+
     /// Takes the lock, waiting as long as needed.
     fn lock(&self);
 

@@ -55,13 +55,14 @@ pub fn physical_isolated(tag: &str) -> (Qpw, FakeRoot, usize) {
     (qpw, root, last)
 }
 
-/// An instance of `n` logical CPUs in `policy` ("queue", "remote" or "isolated"); for
+/// An instance of `n` logical CPUs in `policy` ("queue", "remote", "fenced" or "isolated"); for
 /// "isolated", the logical CPUs on the last allowed physical CPU are remote, the others queued.
 pub fn instance(policy: &str, n: usize) -> (Qpw, Option<FakeRoot>) {
     let builder = Qpw::builder().cpus(CpuSpec::Logical(n));
     match policy {
         "queue" => (builder.policy(Policy::Queue).build().unwrap(), None),
         "remote" => (builder.policy(Policy::Remote).build().unwrap(), None),
+        "fenced" => (builder.policy(Policy::Fenced).build().unwrap(), None),
         "isolated" => {
             let (root, _) = fake_sysfs(&format!("{policy}{n}"));
             let qpw = builder
@@ -150,10 +151,10 @@ pub fn check_drained_by_mode(qpw: &Qpw, counters: &[CpuCounters], drained: impl 
                 );
                 assert!(c.drains_queued > 0, "cpu {} never drained", c.cpu);
             }
-            Mode::Remote => {
+            mode @ (Mode::Remote | Mode::Fenced) => {
                 assert_eq!(
                     c.drains_queued, 0,
-                    "remote-mode cpu {} had queued drains",
+                    "{mode}-mode cpu {} had queued drains",
                     c.cpu
                 );
                 assert!(c.drains_remote > 0, "cpu {} never drained", c.cpu);
@@ -162,8 +163,9 @@ pub fn check_drained_by_mode(qpw: &Qpw, counters: &[CpuCounters], drained: impl 
     }
 }
 
-/// Expands to the three stress tests of a workload, `stress_queue`, `stress_remote` and
-/// `stress_isolated`, each calling `$stress` with its policy's name (see [`instance`]).
+/// Expands to the four stress tests of a workload, `stress_queue`, `stress_remote`,
+/// `stress_fenced` and `stress_isolated`, each calling `$stress` with its policy's name (see
+/// [`instance`]).
 macro_rules! stress_tests {
     ($stress:expr) => {
         #[test]
@@ -174,6 +176,11 @@ macro_rules! stress_tests {
         #[test]
         fn stress_remote() {
             ($stress)("remote");
+        }
+
+        #[test]
+        fn stress_fenced() {
+            ($stress)("fenced");
         }
 
         #[test]
