@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use qpw_core::{FencedLock, PerCpu, PerCpuWork, Qpw, RawRemoteLock};
+use qpw_core::{PerCpu, PerCpuWork, Qpw};
 use qpw_workloads::{Workload, WorkloadKind, WorkloadOptions};
 
 /// Process-context operations per CPU that fill a workload's cache before a drain (any
@@ -26,12 +26,6 @@ pub(crate) enum Cache {
         sink: Arc<AtomicU64>,
         work: PerCpuWork,
     },
-    /// The same counter behind [`FencedLock`] (issue 15's fenced mode, on remote-mode CPUs).
-    FencedCounter {
-        stock: Arc<PerCpu<u64, FencedLock>>,
-        sink: Arc<AtomicU64>,
-        work: PerCpuWork,
-    },
     /// An mm workload from qpw-workloads.
     Workload(Arc<dyn Workload>),
 }
@@ -40,7 +34,6 @@ impl std::fmt::Debug for Cache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Cache::Counter { .. } => f.write_str("Cache::Counter"),
-            Cache::FencedCounter { .. } => f.write_str("Cache::FencedCounter"),
             Cache::Workload(w) => write!(f, "Cache::Workload({})", w.name()),
         }
     }
@@ -51,16 +44,6 @@ impl Cache {
     pub(crate) fn counter(qpw: &Qpw) -> Self {
         let (stock, sink, work) = counter_parts(qpw, Arc::new(qpw.per_cpu(|_| 0u64)));
         Cache::Counter { stock, sink, work }
-    }
-
-    /// The per-CPU counter behind [`FencedLock`]: the instance must be in remote mode for the
-    /// drain to run in the requester with no worker.
-    pub(crate) fn fenced_counter(qpw: &Qpw) -> Self {
-        let stock = qpw
-            .per_cpu_with::<FencedLock, _>(|_| 0u64)
-            .expect("a FencedLock counter");
-        let (stock, sink, work) = counter_parts(qpw, Arc::new(stock));
-        Cache::FencedCounter { stock, sink, work }
     }
 
     /// An mm workload with the kernel's default sizes (`qpw_workloads::build`).
@@ -91,11 +74,6 @@ impl Cache {
                     *local += 1;
                 }
             }
-            Cache::FencedCounter { stock, .. } => {
-                if let Ok(mut local) = stock.lock_local() {
-                    *local += 1;
-                }
-            }
             Cache::Workload(w) => {
                 let _ = w.process_op();
             }
@@ -106,7 +84,6 @@ impl Cache {
     pub(crate) fn fill(&self, qpw: &Qpw) {
         match self {
             Cache::Counter { stock, .. } => stock.for_each_locked(|_, n| *n += COUNTER_FILL),
-            Cache::FencedCounter { stock, .. } => stock.for_each_locked(|_, n| *n += COUNTER_FILL),
             Cache::Workload(w) => {
                 // Visit the CPUs grouped by the physical CPU they run on, so that the thread
                 // migrates once per physical CPU, not once per logical one.
@@ -135,7 +112,7 @@ impl Cache {
     #[inline]
     pub(crate) fn drain(&self) -> usize {
         match self {
-            Cache::Counter { work, .. } | Cache::FencedCounter { work, .. } => {
+            Cache::Counter { work, .. } => {
                 let report = work.drain_all(|_| true);
                 assert!(report.is_complete(), "drain failed: {:?}", report.errors);
                 report.skipped.len()
@@ -155,19 +132,17 @@ impl Cache {
     /// end so that the drains cannot be optimised away.
     pub(crate) fn drained_total(&self) -> u64 {
         match self {
-            Cache::Counter { sink, .. } | Cache::FencedCounter { sink, .. } => {
-                sink.load(Ordering::Relaxed)
-            }
+            Cache::Counter { sink, .. } => sink.load(Ordering::Relaxed),
             Cache::Workload(_) => 0,
         }
     }
 }
 
-/// The sink and the drain work item of a per-CPU counter behind any remote-capable lock.
-fn counter_parts<L: RawRemoteLock + 'static>(
+/// The sink and the drain work item of a per-CPU counter.
+fn counter_parts(
     qpw: &Qpw,
-    stock: Arc<PerCpu<u64, L>>,
-) -> (Arc<PerCpu<u64, L>>, Arc<AtomicU64>, PerCpuWork) {
+    stock: Arc<PerCpu<u64>>,
+) -> (Arc<PerCpu<u64>>, Arc<AtomicU64>, PerCpuWork) {
     let sink = Arc::new(AtomicU64::new(0));
     let (s, k) = (stock.clone(), sink.clone());
     let work = qpw

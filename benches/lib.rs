@@ -138,12 +138,16 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
         "owner-only (`OwnedPerCpu`, thread-per-core): `Owner::lock_local` + increment + release",
     ),
     (
+        "percpu_remote_fair_bound",
+        "`PerCpu<_, FairLock>::lock_local` + increment + unlock, remote mode, thread bound: the lock named, against the default `PwLock`'s choice of it",
+    ),
+    (
         "percpu_fenced_bound",
-        "`PerCpu<_, FencedLock>::lock_local` + increment + unlock, remote mode (the fenced mode, issue 15), thread bound",
+        "`PerCpu::lock_local` + increment + unlock, fenced mode (`Policy::Fenced`: a `FencedLock` per slot, issue 15), thread bound",
     ),
     (
         "fenced_remote_idle_target",
-        "`PerCpu<_, FencedLock>::lock(other CPU)` + increment + unlock: the requester's `CAS` + membarrier fence, none of our threads on the target",
+        "`PerCpu::lock(other CPU)` + increment + unlock in fenced mode: the requester's `CAS` + membarrier fence, none of our threads on the target",
     ),
     (
         "fenced_remote_busy_target",
@@ -669,6 +673,33 @@ pub fn drain_table(root: &Path, group: &str) -> String {
             format!("{} / {}", cycles(sched), cycles(remote)),
             k,
             kratio,
+        ]);
+    }
+    table.finish()
+}
+
+/// Fenced mode's drain of the per-CPU counter (issue 15) beside remote and queue mode, from one
+/// run of [`DRAIN_COUNTER`]: the requester's price for an owner path with no atomic.
+pub fn fenced_drain_table(root: &Path) -> String {
+    let mut table = Table::new(&[
+        "CPUs",
+        "queue",
+        "remote",
+        "fenced",
+        "fenced / remote",
+        "queue / fenced",
+    ]);
+    for n in DRAIN_CPUS {
+        let param = n.to_string();
+        let get = |f: &str| median_ns(root, DRAIN_COUNTER, f, Some(&param));
+        let (queue, remote, fenced) = (get("queue"), get("remote"), get("fenced"));
+        table.row(&[
+            n.to_string(),
+            fmt_opt(queue),
+            fmt_opt(remote),
+            fmt_opt(fenced),
+            fmt_ratio(fenced, remote),
+            fmt_ratio(queue, fenced),
         ]);
     }
     table.finish()

@@ -12,7 +12,7 @@
 //! | `percpu_rseq_unbound`: `PerCpu<_, RseqLock>::lock_local` + increment + unlock, unbound thread | `rseq_cpu_atomic_lock`: the bare rseq `cpu_id` read choosing one of per-CPU bare atomic locks | 1.3x |
 //! | `rseq_lock`: a bare `RseqLock` of the (pinned) caller's CPU + increment | `atomic_lock` | 1.0x |
 //! | `percpu_owner`: `Owner::lock_local` + increment (owner-only policy) | `tls_cell` | 1.5x |
-//! | `percpu_fenced_bound`: `PerCpu<_, FencedLock>::lock_local` + increment, remote mode, bound thread (issue 15) | `atomic_lock` | 1.0x |
+//! | `percpu_fenced_bound`: `PerCpu::lock_local` + increment in fenced mode (`Policy::Fenced`: each slot's lock a `FencedLock`), bound thread (issue 15) | `atomic_lock` | 1.0x |
 //!
 //! Every bench times a plain loop of `iters` calls, each result through one `black_box`
 //! (`iter_custom` + [`looped`]). A first version used `b.iter(|| black_box(op()))`, which
@@ -187,6 +187,25 @@ pub(crate) fn bench(c: &mut Criterion) {
         black_box(total);
     }
 
+    // Remote mode with the `FairLock` named (`per_cpu_with`), against `percpu_remote_bound`
+    // (the default `PwLock`, which picks the same `FairLock` for a remote CPU): what the
+    // default lock's choice of protocol per CPU costs the owner.
+    {
+        let qpw = physical(Policy::Remote);
+        let stock = qpw
+            .per_cpu_with::<FairLock, _>(|_| 0u64)
+            .expect("a FairLock PerCpu in remote mode");
+        let cpu = qpw.cpus().iter().next().expect("at least one allowed CPU");
+        let _bound = qpw.bind_current(cpu).expect("bind to an allowed CPU");
+        group.bench_function("percpu_remote_fair_bound", |b| {
+            b.iter_custom(|iters| {
+                looped(iters, || {
+                    *stock.lock_local().expect("a bound thread has a CPU") += 1;
+                })
+            })
+        });
+    }
+
     // The restartable-sequence lock (queue mode only: it has no remote path), as its doc
     // example makes it: `per_cpu_with::<RseqLock, _>`.
     let qpw = physical(Policy::Queue);
@@ -261,10 +280,10 @@ pub(crate) fn bench(c: &mut Criterion) {
 
 /// The fenced-mode benches (issue 15), as described where `bench` calls this.
 fn fenced(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
-    let qpw = physical(Policy::Remote);
-    let stock = qpw
-        .per_cpu_with::<FencedLock, _>(|_| 0u64)
-        .expect("a fenced PerCpu in remote mode");
+    // Fenced mode as the policy makes it: `per_cpu` gives every slot of a fenced CPU a
+    // `FencedLock` (through the default `PwLock`).
+    let qpw = physical(Policy::Fenced);
+    let stock = qpw.per_cpu(|_| 0u64);
     eprintln!(
         "local/percpu_fenced_*, fenced_remote_*: FencedLock uses the {} protocol ({})",
         FencedLock::kind().name(),

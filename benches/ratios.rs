@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use qpw_benches::{
     criterion_dir, drain_marginal_line, drain_svg, drain_table, fast_path_bounds_table,
-    local_table, machine_description, pool_hook_table, pool_table, resctrl_table,
-    under_load_tables, DRAIN_COUNTER, DRAIN_LRU, DRAIN_MEMCG,
+    fenced_drain_table, local_table, machine_description, pool_hook_table, pool_table,
+    resctrl_table, under_load_tables, DRAIN_COUNTER, DRAIN_LRU, DRAIN_MEMCG,
 };
 
 fn main() {
@@ -62,6 +62,11 @@ fn main() {
         let _ = writeln!(out, "{}", drain_table(&root, group));
         let _ = writeln!(out, "{}\n", drain_marginal_line(&root, group));
     }
+    let _ = writeln!(
+        out,
+        "### 2b. Drain all in fenced mode (group `{DRAIN_COUNTER}`)\n\n{}",
+        fenced_drain_table(&root)
+    );
     let _ = writeln!(
         out,
         "### 3. Remote drain under local load (groups `under_load_drain`, `under_load_fastpath`)\n"
