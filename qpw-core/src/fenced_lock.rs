@@ -158,13 +158,13 @@ unsafe impl RawLocalLock for FencedLock {
         self.inner.try_lock()
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn unlock(&self) {
         // SAFETY: the caller holds the lock (the trait's `# Safety`), which is `inner`.
         unsafe { self.inner.unlock() }
     }
 
-    #[inline]
+    #[inline(always)]
     fn lock_on_current_cpu(&self) -> LocalAttempt {
         self.inner.lock_on_current_cpu()
     }

@@ -145,7 +145,9 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// physical instance uses the CPU it runs on now (read from its rseq area, else
     /// `sched_getcpu`), which it may leave the next instant: correctness does not depend on
     /// it, since the lock is real either way.
-    #[inline]
+    // Always inlined: out of line, the call returns the large `Result` through memory, which
+    // costs more than a restartable-sequence lock itself (measured: about 2x the whole path).
+    #[inline(always)]
     pub fn lock_local(&self) -> Result<PerCpuGuard<'_, T, L>> {
         let (cpu, idx) = self.local_slot()?;
         let slot = &self.slots[idx];

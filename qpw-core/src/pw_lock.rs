@@ -82,7 +82,7 @@ unsafe impl RawLocalLock for PwLock {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     unsafe fn unlock(&self) {
         // SAFETY: the caller holds the lock (the trait's `# Safety`), which is the inner one.
         unsafe {
@@ -93,7 +93,7 @@ unsafe impl RawLocalLock for PwLock {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn lock_on_current_cpu(&self) -> LocalAttempt {
         match self {
             PwLock::Fair(l) => l.lock_on_current_cpu(),
