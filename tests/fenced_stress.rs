@@ -1,4 +1,5 @@
-//! The fenced mode under load: remote-mode CPUs whose slots are behind a [`FencedLock`].
+//! Fenced mode under load, as the policy makes it: [`Policy::Fenced`], whose
+//! [`Qpw::per_cpu`] slots are each behind a [`FencedLock`].
 //! Several threads per CPU add to their CPU's slot (the owner path: a restartable sequence),
 //! some bound, some unbound that move themselves between CPUs (sometimes while holding, so the
 //! release is a plain store from elsewhere), some yielding while holding (a preempted holder);
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use qpw_core::{FencedLock, LocalLockKind, Policy, Qpw};
+use qpw_core::{FencedLock, LocalLockKind, Mode, Policy, Qpw};
 
 /// About 10^6 operations in all on two CPUs (three threads each) in release builds.
 const OPS_PER_THREAD: u64 = if cfg!(debug_assertions) {
@@ -59,8 +60,9 @@ fn stress_fenced_drains_with_preemption_and_migration() {
     }
 
     let allowed = qpw_core::allowed_cpus().unwrap();
-    let qpw = Arc::new(Qpw::with_policy(Policy::Remote).unwrap());
-    let counters = Arc::new(qpw.per_cpu_with::<FencedLock, _>(|_| 0u64).unwrap());
+    let qpw = Arc::new(Qpw::with_policy(Policy::Fenced).unwrap());
+    assert_eq!(qpw.cpus_in(Mode::Fenced), *qpw.cpus(), "{}", qpw.describe());
+    let counters = Arc::new(qpw.per_cpu(|_| 0u64));
     let drained = Arc::new(AtomicU64::new(0));
     let drain = {
         let (c, d) = (counters.clone(), drained.clone());
@@ -155,7 +157,8 @@ fn fallback_in_a_child_without_rseq() {
     );
     assert!(
         stdout.contains("rseq lock: fallback to the atomic FairLock")
-            && stdout.contains("fallback in use: fair"),
-        "the child does not report the fallback:\n{stdout}"
+            && stdout.contains("fallback in use: fair")
+            && stdout.contains("with locks on the atomic fallback"),
+        "the child does not report the fallback (rseq::status and describe):\n{stdout}"
     );
 }
