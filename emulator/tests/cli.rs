@@ -104,7 +104,7 @@ fn smoke_cyclictest_writes_rt_tests_json() {
 #[test]
 fn oslat_under_each_mode_reports_the_requester() {
     let dir = tempfile::tempdir().unwrap();
-    for mode in ["queue", "remote"] {
+    for mode in ["queue", "remote", "fenced"] {
         let v = run_json(
             dir.path(),
             &format!("{mode}.json"),
@@ -203,7 +203,7 @@ fn bad_oslat_values_name_the_flag_and_range() {
             ["--stall-threshold 60001", "1-60000"],
         ),
         ("oslat --load maybe", ["--load maybe", "`on` or `off`"]),
-        ("oslat --mode fast", ["--mode fast", "`queue` or `remote`"]),
+        ("oslat --mode fast", ["--mode fast", "`remote` or `fenced`"]),
         (
             "oslat --workload slab",
             ["--workload slab", "lru, memcg, slub, pcp, counter"],
@@ -255,6 +255,13 @@ fn bad_run_and_load_values_name_the_flag_and_range() {
         ("run --drain-rate 0", ["--drain-rate 0", "1-100000"]),
         ("run --target 999", ["--target 999", "allowed set"]),
         ("run -f 0", ["--rtprio 0", "1-99"]),
+        (
+            "run --modes queue,fast",
+            [
+                "--modes queue,fast",
+                "`fast` is not queue, remote or fenced",
+            ],
+        ),
         (
             "run --local-op-every 0",
             ["--local-op-every 0", "1-1000000"],
@@ -392,4 +399,18 @@ fn run_reports_probe_preemptions_per_drain() {
         "probe preemptions per drain: queue {queue:.2}, remote {remote:.2}: expected about one \
          more per drain in queue mode"
     );
+    // Fenced mode interrupts the probe (the fence's IPI) but never preempts it: no more than
+    // remote mode, well short of queue mode.
+    let fenced = per_drain("fenced-counter");
+    assert!(
+        fenced <= remote + 0.3 && queue >= fenced + 0.5,
+        "probe preemptions per drain: fenced {fenced:.2}, remote {remote:.2}, queue {queue:.2}: \
+         expected fenced about as remote"
+    );
+    // Every mode reports the owner's cost: the probe's own local operation, timed.
+    for name in ["queue-counter", "remote-counter", "fenced-counter"] {
+        let row = rows.iter().find(|r| r["name"] == name).unwrap();
+        let ns = row["local_op_ns"].as_f64();
+        assert!(ns.is_some_and(|ns| ns > 0.0), "{name}: local_op_ns {ns:?}");
+    }
 }
