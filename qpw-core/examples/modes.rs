@@ -1,9 +1,11 @@
-//! Queue mode versus remote mode on this machine's CPUs.
+//! Queue, remote and fenced mode on this machine's CPUs.
 //!
 //! Each CPU's own thread fills a per-CPU cache; then a requester drains every CPU, once with
-//! the work queued to each CPU's worker (the kernel's `queue_work_on` + `flush_work`) and once
-//! run in the requester under each CPU's lock (QPW's remote mode). The example prints where
-//! each drain ran and checks that nothing was lost.
+//! the work queued to each CPU's worker (the kernel's `queue_work_on` + `flush_work`), once
+//! run in the requester under each CPU's lock (QPW's remote mode), and once the same way
+//! under locks that the owners take with restartable sequences and the requester with a
+//! `membarrier` fence of each CPU (fenced mode). The example prints where each drain ran and
+//! checks that nothing was lost.
 //!
 //! ```text
 //! cargo run --release -p qpw-core --example modes
@@ -16,7 +18,7 @@ use std::time::Instant;
 use qpw_core::{Policy, Qpw};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    for policy in [Policy::Queue, Policy::Remote] {
+    for policy in [Policy::Queue, Policy::Remote, Policy::Fenced] {
         let qpw = Arc::new(Qpw::with_policy(policy)?);
         println!("{}", qpw.describe());
 

@@ -64,9 +64,8 @@ impl Builder {
     /// How to choose each CPU's mode (default: [`Policy::Auto`], the kernel's rule: remote on
     /// the isolated and `nohz_full` CPUs, queue elsewhere, queue everywhere without
     /// isolation). An explicit policy always wins. A [`Policy::RemoteOn`] or
-    /// [`Policy::FencedOn`] list must name
-    /// managed CPUs only: [`build`](Self::build) refuses others with
-    /// [`Error::PolicyCpuNotManaged`].
+    /// [`Policy::FencedOn`] list must name managed CPUs only: [`build`](Self::build) refuses
+    /// others with [`Error::PolicyCpuNotManaged`].
     pub fn policy(mut self, policy: Policy) -> Self {
         self.policy = policy;
         self
@@ -474,10 +473,10 @@ impl Qpw {
         Ok(self.inner().phys[self.inner().idx(cpu)?])
     }
 
-    /// The kernel's `pw_is_cpu_remote(cpu)`: true when `cpu` is in remote (or fenced) mode and the caller
-    /// is not one of its threads, i.e. when work for it would run here, on another CPU. Inside
-    /// a run, the same answer as [`WorkCtx::is_remote`]. [`Error::CpuNotManaged`] for a CPU
-    /// the instance does not manage.
+    /// The kernel's `pw_is_cpu_remote(cpu)`: true when `cpu` is in remote (or fenced) mode and
+    /// the caller is not one of its threads, i.e. when work for it would run here, on another
+    /// CPU. Inside a run, the same answer as [`WorkCtx::is_remote`].
+    /// [`Error::CpuNotManaged`] for a CPU the instance does not manage.
     pub fn is_cpu_remote(&self, cpu: usize) -> Result<bool> {
         Ok(self.mode(cpu)?.is_remote() && self.inner().current_cpu() != Some(cpu))
     }
@@ -561,8 +560,8 @@ impl Qpw {
         )
     }
 
-    /// The CPUs whose locks other CPUs may take (remote and fenced mode), the first of which
-    /// refuses a lock made only for its own CPU's threads.
+    /// The first CPU whose lock other CPUs may take (remote or fenced mode), with its mode: the
+    /// CPU that refuses a lock made only for its own CPU's threads.
     fn first_remote_cpu(&self) -> Option<(usize, Mode)> {
         self.inner()
             .managed
@@ -581,8 +580,8 @@ impl Qpw {
     /// Per-CPU state for thread-per-core: each CPU's slot belongs to the one thread that
     /// [claims](crate::OwnedPerCpu::claim) it, which reaches it with no lock word at all and
     /// runs the work queued to its CPU itself when it polls (see [`OwnedPerCpu`](crate::OwnedPerCpu)).
-    /// Refused with [`Error::LockNeedsQueueMode`] when any CPU is in remote or fenced mode: there is no
-    /// lock for another CPU to take.
+    /// Refused with [`Error::LockNeedsQueueMode`] when any CPU is in remote or fenced mode:
+    /// there is no lock for another CPU to take.
     pub fn owned_per_cpu<T>(&self, init: impl FnMut(usize) -> T) -> Result<crate::OwnedPerCpu<T>> {
         if let Some((cpu, mode)) = self.first_remote_cpu() {
             return Err(Error::LockNeedsQueueMode {
