@@ -456,7 +456,13 @@ impl RseqLock {
                 self.waiters.fetch_sub(1, Ordering::Relaxed);
                 return;
             }
-            if seen != FREE {
+            // Sleep only on a held word, whose holder's release will wake us (we are
+            // registered). Not on `FREE`, which no release follows. Not on a `HANDOFF` we
+            // failed to claim either: another waiter claimed it, and its release may store
+            // `HANDOFF` again and wake before we sleep; `futex` would then find the value it
+            // expects and sleep through that wake, with nobody left to release (loom found
+            // this with two owner threads and a requester).
+            if seen == HELD || seen == FENCED {
                 self.futex_wait(seen);
             }
         }
