@@ -462,6 +462,8 @@ impl RseqLock {
     }
 
     /// The contended acquisition: spin briefly, then register as a waiter and sleep.
+    // Under loom `SPINS` is 0, and clippy takes `0..0` for a mistake.
+    #[cfg_attr(loom, allow(clippy::reversed_empty_ranges))]
     fn lock_slow(&self) {
         for _ in 0..SPINS {
             crate::sync::spin_loop();
