@@ -1,17 +1,26 @@
-//! Loom models of [`FencedLock`]'s drain protocol (flag, fence of the lock's CPU, wait for a
-//! holder that had committed), with the kernel's side of restartable sequences mocked as in
-//! `loom_rseq` (a CPU fence aborts the sequences in flight on that CPU). Run with
+//! Loom models of [`FencedLock`]'s drain protocol (raise the flag, fence the lock's CPU, check
+//! for an owner that committed first), with the kernel's side of restartable sequences mocked
+//! (see "Under loom" in `qpw-core/src/rseq_lock.rs`). Run with
 //! `RUSTFLAGS="--cfg loom -C debug-assertions" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p qpw-tests --test loom_fenced`
 //! (see `.ci/loom`).
 //!
-//! Two models are ignored: loom reports concurrent writes to the slot in them, but in the
-//! failing trace the owner's sequence commits `HELD` under the mock's epoch mutex *after* the
-//! requester's `CAS` to `FENCED` succeeded, the requester's fence then takes that mutex, and
-//! its check still reads `FENCED`: a value that the `HELD` store, which happens-before the
-//! check, had overwritten. That is the modification-order bug reported as tokio-rs/loom#282
-//! (loom may order a plain store before an RMW that read the older value), not a behaviour the
-//! kernel or the hardware allows; they are kept as reproducers until loom is fixed or the mock
-//! is changed to avoid it.
+//! The mock's owner sequence is three loom steps (start, load, commit) with loom free to run
+//! the requester between the load and the commit, and the commit does not look at the word
+//! again: only an abort (the requester's fence, or another sequence of the CPU starting)
+//! stops a commit whose load has gone stale. So each step of the requester is needed here as
+//! on a real CPU, and the second half of the file proves it: with the fence left out, or the
+//! check after it, every model with an owner fails (`rseq::mock::with_mutation`). The two
+//! requesters' model has no owner, so neither step matters to it; it checks the `CAS` and the
+//! side mutex.
+//!
+//! Two models were once ignored, blamed on loom's modification order. Two things were wrong,
+//! one in loom and one in the lock. Loom 0.7 lets a plain store slip between the read and the
+//! write of a concurrent `CAS` (tokio-rs/loom#254), so the owner's `HELD`, committed after the
+//! requester's `CAS` and before its fence, could be overwritten by the `CAS`'s `FENCED` in
+//! loom's eyes: the mock now commits with a `swap`, which loom orders after the `CAS`. And
+//! with two owner threads and a requester loom found a real hang in the lock: a waiter that
+//! lost a `HANDOFF` to another slept on `HANDOFF` and missed the winner's wake (fixed in
+//! `lock_slow`). Both now pass.
 //!
 //! Two mock CPUs, one increment per party: the protocol depends only on how the owner and the
 //! requesters interleave, not on how many CPUs or operations there are. Each model ends in a
@@ -23,13 +32,27 @@ use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::thread;
 
-use qpw_core::rseq::mock::migrate_to;
+use qpw_core::rseq::mock::{migrate_to, with_mutation, Mutation};
 use qpw_core::{CpuSpec, FencedLock, Policy, Qpw, RawLocalLock};
 
 /// The owner's CPU.
 const OWNER_CPU: usize = 0;
 /// Where the requesters run.
 const REQUESTER_CPU: usize = 1;
+
+/// The conservation assertions' message, which the mutation tests look for.
+const CONSERVATION: &str = "every increment lands exactly once";
+
+/// What a party does between its increment and its release.
+#[derive(Debug, Clone, Copy)]
+enum WhileHolding {
+    /// Nothing: it releases at once.
+    Releases,
+    /// It migrates to this CPU and releases from there.
+    MigratesTo(usize),
+    /// It is preempted (a loom yield, which makes loom run another thread) and then releases.
+    IsPreempted,
+}
 
 /// A counter behind CPU 0's `FencedLock`; loom's cell tracking flags any two accesses the lock
 /// failed to order.
@@ -49,17 +72,17 @@ impl Slot {
         })
     }
 
-    /// From `cpu`: takes the lock, adds one, migrates to `then_on` (if any) while holding it,
-    /// yields (a preemption while holding) and releases.
-    fn add_one(&self, cpu: usize, then_on: Option<usize>) {
+    /// From `cpu`: takes the lock, adds one, does what `holding` says, releases.
+    fn add_one(&self, cpu: usize, holding: WhileHolding) {
         migrate_to(Some(cpu));
         self.lock.lock();
         // SAFETY: the lock is held.
         self.value.with_mut(|v| unsafe { *v += 1 });
-        if let Some(next) = then_on {
-            migrate_to(Some(next));
+        match holding {
+            WhileHolding::Releases => {}
+            WhileHolding::MigratesTo(next) => migrate_to(Some(next)),
+            WhileHolding::IsPreempted => thread::yield_now(),
         }
-        thread::yield_now();
         // SAFETY: taken above by this thread.
         unsafe { self.lock.unlock() };
     }
@@ -76,64 +99,67 @@ impl Slot {
     }
 }
 
-/// Runs `parties` (each a CPU and where it migrates to while holding) against one slot, each
-/// on its own thread but the first, which runs on the model's main thread; then checks that
-/// every increment landed once.
-fn model(parties: &'static [(usize, Option<usize>)]) {
+/// Runs `parties` (each a CPU and what it does while holding) against one slot, each on its
+/// own thread but the first, which runs on the model's main thread; then checks that every
+/// increment landed once.
+fn model(parties: &'static [(usize, WhileHolding)]) {
     loom::model(move || {
         let slot = Slot::new();
         let others: Vec<_> = parties[1..]
             .iter()
-            .map(|&(cpu, then_on)| {
+            .map(|&(cpu, holding)| {
                 let slot = slot.clone();
-                thread::spawn(move || slot.add_one(cpu, then_on))
+                thread::spawn(move || slot.add_one(cpu, holding))
             })
             .collect();
-        let (cpu, then_on) = parties[0];
-        slot.add_one(cpu, then_on);
+        let (cpu, holding) = parties[0];
+        slot.add_one(cpu, holding);
         for other in others {
             other.join().unwrap();
         }
-        assert_eq!(slot.total(), parties.len() as u32);
+        assert_eq!(slot.total(), parties.len() as u32, "{CONSERVATION}");
     });
 }
 
-/// The owner takes its lock by restartable sequence while a requester of another CPU drains:
-/// never both.
-#[test]
-fn loom_fenced_owner_vs_requester() {
-    model(&[(OWNER_CPU, None), (REQUESTER_CPU, None)]);
+/// The owner takes its lock by restartable sequence while a requester of another CPU drains.
+fn owner_vs_requester() {
+    model(&[
+        (OWNER_CPU, WhileHolding::Releases),
+        (REQUESTER_CPU, WhileHolding::Releases),
+    ]);
 }
 
-/// Two requesters of another CPU and no owner: the flag's `CAS` and the side mutex keep them
-/// apart.
-#[test]
-fn loom_fenced_two_requesters() {
-    model(&[(REQUESTER_CPU, None), (REQUESTER_CPU, None)]);
+/// Two requesters of another CPU and no owner.
+fn two_requesters() {
+    model(&[
+        (REQUESTER_CPU, WhileHolding::Releases),
+        (REQUESTER_CPU, WhileHolding::Releases),
+    ]);
 }
 
 /// The owner takes the lock on its CPU, migrates to the requester's CPU while holding it and
 /// releases from there, while a requester drains.
-#[test]
-fn loom_fenced_owner_migrating() {
-    model(&[(OWNER_CPU, Some(REQUESTER_CPU)), (REQUESTER_CPU, None)]);
+fn owner_migrating() {
+    model(&[
+        (OWNER_CPU, WhileHolding::MigratesTo(REQUESTER_CPU)),
+        (REQUESTER_CPU, WhileHolding::Releases),
+    ]);
 }
 
-/// The owner is preempted while holding (it yields before releasing) and another thread of
-/// its CPU runs and wants the lock, while a requester drains: the requester waits out the
-/// committed holder, the second owner-CPU thread sleeps rather than steals.
-#[test]
-#[ignore = "loom reports concurrent writes; the trace needs a store ordered before an RMW that read the older value (loom#282)"]
-fn loom_fenced_owner_preempted_while_holding() {
-    model(&[(OWNER_CPU, None), (OWNER_CPU, None), (REQUESTER_CPU, None)]);
+/// The owner is preempted while holding, another thread of its CPU runs and wants the lock,
+/// and a requester drains.
+fn owner_preempted_while_holding() {
+    model(&[
+        (OWNER_CPU, WhileHolding::IsPreempted),
+        (OWNER_CPU, WhileHolding::Releases),
+        (REQUESTER_CPU, WhileHolding::Releases),
+    ]);
 }
 
 /// The framework around it: a remote-mode CPU whose slot is behind a `FencedLock`. The owner
-/// (bound to the CPU) adds while a drain queued from another CPU runs in the requester and
-/// empties the slot into its result. Nothing is lost or counted twice.
-#[test]
-#[ignore = "loom reports concurrent writes; the trace needs a store ordered before an RMW that read the older value (loom#282)"]
-fn loom_fenced_remote_drain_in_the_requester() {
+/// (bound to the CPU) adds while a requester takes the slot through `PerCpu::lock` (the
+/// fenced path) and empties it into its result.
+fn remote_drain_in_the_requester() {
     loom::model(|| {
         let qpw = Arc::new(
             Qpw::builder()
@@ -156,6 +182,100 @@ fn loom_fenced_remote_drain_in_the_requester() {
         let drained = std::mem::take(&mut *slot.lock(cpu).unwrap());
         owner.join().unwrap();
         let rest = *slot.lock(cpu).unwrap();
-        assert_eq!(drained + rest, 1);
+        assert_eq!(drained + rest, 1, "{CONSERVATION}");
     });
+}
+
+/// Never both: the owner's sequence and the requester's flag, fence and check.
+#[test]
+fn loom_fenced_owner_vs_requester() {
+    owner_vs_requester();
+}
+
+/// The flag's `CAS` and the side mutex keep two requesters apart.
+#[test]
+fn loom_fenced_two_requesters() {
+    two_requesters();
+}
+
+/// A release from another CPU reaches the requester, and so does the data.
+#[test]
+fn loom_fenced_owner_migrating() {
+    owner_migrating();
+}
+
+/// The requester waits out the committed holder; the second thread of the owner's CPU sleeps
+/// rather than steals, and the hand-overs between the three reach everyone.
+#[test]
+fn loom_fenced_owner_preempted_while_holding() {
+    owner_preempted_while_holding();
+}
+
+/// Nothing is lost or counted twice through `PerCpu::lock` and `lock_local`.
+#[test]
+fn loom_fenced_remote_drain_in_the_requester() {
+    remote_drain_in_the_requester();
+}
+
+/// Runs `model` with the requester's fenced path broken as `mutation` says, and checks that
+/// loom finds the failure the protocol's argument predicts: owner and requester holding the
+/// lock at once (loom's report of unordered accesses to the slot) or an increment lost or
+/// counted twice.
+fn assert_caught(mutation: Mutation, model: fn()) {
+    let Err(failure) = std::panic::catch_unwind(|| with_mutation(mutation, model)) else {
+        panic!("loom found no failure with {mutation:?}: the model does not need that step");
+    };
+    let message = failure
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| failure.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    assert!(
+        message.contains("Causality violation") || message.contains(CONSERVATION),
+        "with {mutation:?} loom failed, but not with two holders: {message}"
+    );
+}
+
+// Without the fence a sequence that loaded `FREE` before the flag commits after the
+// requester's check; without the check the requester claims a lock an owner committed
+// between its `CAS` and its fence. Each model with an owner must catch both.
+
+#[test]
+fn loom_fenced_owner_vs_requester_needs_the_fence() {
+    assert_caught(Mutation::SkipFence, owner_vs_requester);
+}
+
+#[test]
+fn loom_fenced_owner_vs_requester_needs_the_check() {
+    assert_caught(Mutation::SkipCheck, owner_vs_requester);
+}
+
+#[test]
+fn loom_fenced_owner_migrating_needs_the_fence() {
+    assert_caught(Mutation::SkipFence, owner_migrating);
+}
+
+#[test]
+fn loom_fenced_owner_migrating_needs_the_check() {
+    assert_caught(Mutation::SkipCheck, owner_migrating);
+}
+
+#[test]
+fn loom_fenced_owner_preempted_while_holding_needs_the_fence() {
+    assert_caught(Mutation::SkipFence, owner_preempted_while_holding);
+}
+
+#[test]
+fn loom_fenced_owner_preempted_while_holding_needs_the_check() {
+    assert_caught(Mutation::SkipCheck, owner_preempted_while_holding);
+}
+
+#[test]
+fn loom_fenced_remote_drain_in_the_requester_needs_the_fence() {
+    assert_caught(Mutation::SkipFence, remote_drain_in_the_requester);
+}
+
+#[test]
+fn loom_fenced_remote_drain_in_the_requester_needs_the_check() {
+    assert_caught(Mutation::SkipCheck, remote_drain_in_the_requester);
 }

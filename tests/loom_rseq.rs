@@ -7,6 +7,13 @@
 //!
 //! Two mock CPUs and one or two increments per thread: the protocol does not depend on how
 //! many CPUs or increments there are, only on how the parties interleave.
+//!
+//! The mock commits a sequence's `HELD` without looking at the word again, so only an abort
+//! stops a stale commit; the last tests show that the model with a fenced taker fails when
+//! the taker leaves out its CPU fence or the check after it (`rseq::mock::with_mutation`).
+//! The other models have no fenced taker racing an owner, so those steps do not matter to
+//! them (the migrated holder's total is read through the fenced path, but only after the
+//! other threads are joined).
 
 #![cfg(loom)]
 
@@ -14,8 +21,11 @@ use loom::cell::UnsafeCell;
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
-use qpw_core::rseq::mock::migrate_to;
+use qpw_core::rseq::mock::{migrate_to, with_mutation, Mutation};
 use qpw_core::{CpuSpec, Policy, Qpw, RawLocalLock, RseqLock};
+
+/// The conservation assertion's message, which the mutation tests look for.
+const CONSERVATION: &str = "every increment lands exactly once";
 
 /// A counter behind an `RseqLock` of CPU 0; loom's cell tracking flags any two accesses that
 /// the lock failed to order.
@@ -126,7 +136,7 @@ fn race_with_cpu_0(spawned_cpu: usize, spawned_migrates_to: Option<usize>, reade
         counter.increment(None);
         other.join().unwrap();
         migrate_to(Some(reader_cpu));
-        assert_eq!(counter.value(), 2);
+        assert_eq!(counter.value(), 2, "{CONSERVATION}");
     });
 }
 
@@ -149,6 +159,38 @@ fn loom_rseq_migrated_holder() {
 #[test]
 fn loom_rseq_fenced_taker_vs_owner() {
     race_with_cpu_0(1, None, 0);
+}
+
+/// Runs the fenced taker's race with its path broken as `mutation` says, and checks that loom
+/// finds two holders at once (unordered accesses to the counter) or a lost increment.
+fn assert_fenced_taker_race_caught(mutation: Mutation) {
+    let race = || with_mutation(mutation, || race_with_cpu_0(1, None, 0));
+    let Err(failure) = std::panic::catch_unwind(race) else {
+        panic!("loom found no failure with {mutation:?}: the model does not need that step");
+    };
+    let message = failure
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| failure.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
+    assert!(
+        message.contains("Causality violation") || message.contains(CONSERVATION),
+        "with {mutation:?} loom failed, but not with two holders: {message}"
+    );
+}
+
+/// Without the fence, a sequence of CPU 0 that loaded `FREE` before the taker's `CAS`
+/// commits after the taker's check.
+#[test]
+fn loom_rseq_fenced_taker_vs_owner_needs_the_fence() {
+    assert_fenced_taker_race_caught(Mutation::SkipFence);
+}
+
+/// Without the check, the taker claims a lock that a sequence committed between its `CAS`
+/// and its fence.
+#[test]
+fn loom_rseq_fenced_taker_vs_owner_needs_the_check() {
+    assert_fenced_taker_race_caught(Mutation::SkipCheck);
 }
 
 /// The framework around it: a queue-mode CPU whose slot is behind an `RseqLock`; a bound

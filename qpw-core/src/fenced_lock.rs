@@ -61,14 +61,17 @@
 //! every unit on real CPUs, with and without rseq, and fails (units drained twice, 1.03x to
 //! 1.13x the units added, three runs out of three) when the fence is removed; it does not catch
 //! the removal of the check, whose window (an owner committing between the requester's `CAS`
-//! and its fence) is a few instructions wide. The loom models (`tests/loom_fenced.rs`) do not
-//! yet back the argument: the passing ones still pass with either mutation (the mock's epoch
-//! mutex is `SeqCst` in loom, which orders more than the kernel's fence does), and two of them
-//! (two owner threads and a requester; the drain through [`PerCpu::lock`](crate::PerCpu::lock))
-//! report concurrent writes to the slot with a trace in which the requester's check reads
-//! `FENCED` after a `HELD` store that happens-before it (loom's modification-order bug,
-//! tokio-rs/loom#282, as far as we can tell: the file says why); they are kept, ignored, as
-//! reproducers. Until the models are sharpened, treat this lock as experimental.
+//! and its fence) is a few instructions wide. The loom models (`tests/loom_fenced.rs`: owner
+//! against requester, two requesters, an owner migrating while holding, an owner preempted
+//! while holding with a second thread of its CPU waiting, and the drain through
+//! [`PerCpu::lock`](crate::PerCpu::lock)) all pass, in a mock where only an abort (the fence's,
+//! or a preemption's) stops an owner's commit whose load has gone stale. Every model with an
+//! owner fails, as permanent tests, when the requester's fence is left out and when its check
+//! is left out (a loom-only switch, `rseq::mock::with_mutation`); so does the rseq lock's
+//! fenced race in `tests/loom_rseq.rs`. The models also found a hang, since fixed: a waiter
+//! that lost a `HANDOFF` to another slept on `HANDOFF` and missed the winner's wake. What
+//! loom cannot check is the mock's premise, that membarrier aborts and orders as the kernel
+//! documents; the stress on real CPUs is the check of that.
 //!
 //! # The cost, and where it falls
 //!

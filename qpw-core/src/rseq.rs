@@ -405,7 +405,8 @@ pub(crate) fn heavy_fence() {
     }
 }
 
-/// A CPU the loom model places each thread on.
+/// The kernel's part under loom: the CPU each model thread runs on, and switches that break
+/// one step of the fenced path on purpose, so that the models can show they catch its loss.
 #[cfg(loom)]
 pub mod mock {
     use std::cell::Cell;
@@ -415,6 +416,48 @@ pub mod mock {
     thread_local! {
         #[allow(clippy::missing_const_for_thread_local)]
         static CPU: Cell<Option<usize>> = Cell::new(None);
+    }
+
+    /// One step of the fenced acquisition left out, for a model that must then fail (see
+    /// [`with_mutation`]).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Mutation {
+        /// The protocol as written.
+        None,
+        /// The requester raises its flag (`CAS` to `FENCED`) but does not fence the lock's
+        /// CPU: a sequence there that loaded `FREE` before the flag can still commit.
+        SkipFence,
+        /// The requester fences but does not look at the word again: it claims a lock that a
+        /// sequence committed over its flag before the fence.
+        SkipCheck,
+    }
+
+    std::thread_local! {
+        // A std thread-local, not loom's: it is set on the test's own thread around
+        // `loom::model`, whose model threads all run on that OS thread (as coroutines), so
+        // every modelled thread of that test sees it and no other test does. It is no part
+        // of the modelled state.
+        static MUTATION: Cell<Mutation> = const { Cell::new(Mutation::None) };
+    }
+
+    /// Runs `f` (a whole `loom::model`) with the requester's fenced path broken as `mutation`
+    /// says, then restores the protocol, also when `f` panics (as a model that catches the
+    /// mutation does).
+    pub fn with_mutation<R>(mutation: Mutation, f: impl FnOnce() -> R) -> R {
+        struct Restore;
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                MUTATION.with(|m| m.set(Mutation::None));
+            }
+        }
+        MUTATION.with(|m| m.set(mutation));
+        let _restore = Restore;
+        f()
+    }
+
+    /// The mutation in force for the calling test (`Mutation::None` outside [`with_mutation`]).
+    pub(crate) fn mutation() -> Mutation {
+        MUTATION.with(Cell::get)
     }
 
     /// Moves the calling model thread to `cpu` (a migration: what the next restartable

@@ -96,17 +96,29 @@
 //!
 //! # Under loom
 //!
-//! The kernel is mocked, not the protocol: each lock keeps an *epoch* under a loom mutex.
-//! Starting a sequence takes the mutex and bumps the epoch (a thread of the CPU has just been
-//! scheduled, which would abort any other sequence in flight there); committing takes the
-//! mutex, checks that the epoch is still the one the sequence started with, and only then
-//! stores `HELD`; otherwise the sequence was aborted and restarts. Between the two, the
-//! sequence's load is a free-standing loom atomic, so loom explores every preemption point and
-//! every store from another CPU in between. The CPU fence bumps the epoch under the mutex (it
-//! aborts the sequences in flight and orders the caller's stores before later ones), a
-//! thread's CPU is `rseq::mock::migrate_to`, `futex` is a
-//! loom condition variable checked under its mutex, and both sides of the asymmetric fence
-//! are `SeqCst` fences.
+//! The kernel is mocked, not the protocol. A sequence is three loom steps: *start* (check the
+//! CPU, take a mark), the *load* of the word, a free-standing loom atomic, and the *commit*;
+//! loom may run any other thread between any two of them. The commit stores `HELD` without
+//! looking at the word again, as the real store does; the only thing that keeps a commit whose
+//! load has gone stale from landing is an abort, and aborts come only from where the kernel's
+//! come: another sequence starting on the same CPU (the thread in flight there was preempted)
+//! and the CPU fence (its interrupt). Each lock counts those events under a loom mutex; the
+//! commit checks the count is still its start's and stores in the same step, as the kernel's
+//! abort, which moves the instruction pointer, makes them one.
+//!
+//! That mutex is taken only at points where the kernel synchronises with the CPU: a sequence's
+//! start and commit, and the fence's interrupt, which is a full barrier on the target CPU that
+//! the caller waits for. So it orders nothing the kernel does not: a commit that succeeds has
+//! synchronised only with its own start or with threads of its own CPU (which the context
+//! switch between them orders anyway), and the fence sees the owner's earlier stores and
+//! passes on the caller's `CAS` only as the interrupt landing between two of the owner's
+//! instructions would. The commit's store is an ignored-result `swap` rather than a `store`, to
+//! step round loom 0.7 letting a plain store slip between the read and the write of a
+//! concurrent `CAS` (tokio-rs/loom#254); a thread's CPU is `rseq::mock::migrate_to`; `futex` is
+//! a loom condition variable checked under its mutex (the bucket lock); both sides of the
+//! asymmetric fence are `SeqCst` fences; and a waiter does not spin before sleeping (`SPINS`
+//! says why). `rseq::mock::with_mutation` leaves out the requester's fence or its check, so
+//! that the models can show they catch either loss.
 
 use std::fmt;
 
@@ -125,9 +137,12 @@ const NO_CPU: u32 = u32::MAX;
 const FALLBACK_CPU: u32 = u32::MAX - 1;
 
 /// Spins on a busy lock before sleeping. A few: spinning only pays when the holder runs on
-/// another CPU (a migrated holder, or a fenced taker). Under loom one, to keep the model small
-/// (it does not change the logic).
-const SPINS: u32 = if cfg!(loom) { 1 } else { 40 };
+/// another CPU (a migrated holder, or a fenced taker). Under loom none: each spin is a loom
+/// yield, which loom's search never moves earlier, so a spin before a waiter's first attempt
+/// kept that attempt out of every window between an owner's load and its commit (the models
+/// then passed with the fence or the check removed). An attempt from the spin is the same
+/// `try_once` as one from the sleeping loop, so leaving it out loses no logic.
+const SPINS: u32 = if cfg!(loom) { 0 } else { 40 };
 
 /// Which protocol a lock uses in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -333,20 +348,21 @@ impl RseqLock {
         Section::WrongCpu
     }
 
-    /// The mocked sequence (module docs, "Under loom").
+    /// The mocked sequence (module docs, "Under loom"): three loom steps, so that loom can
+    /// run any other thread between the load and the commit, and only an abort stops a commit
+    /// whose load has gone stale.
     #[cfg(loom)]
     fn section(&self) -> Section {
         if crate::rseq::mock::current() != Some(self.cpu as usize) {
             return Section::WrongCpu;
         }
-        let epoch = self.mock.start();
+        let started = self.mock.start();
         if self.word.load(Ordering::Acquire) != FREE {
             return Section::Busy;
         }
-        if self
-            .mock
-            .commit(epoch, || self.word.store(HELD, Ordering::Relaxed))
-        {
+        // The commit does not look at the word again: the store goes in whatever it holds
+        // now, as the kernel's would, unless the sequence was aborted since `start`.
+        if self.mock.commit(started, &self.word, HELD) {
             Section::Acquired
         } else {
             Section::Aborted
@@ -388,13 +404,24 @@ impl RseqLock {
                 Ok(_) => {
                     self.fence_cpu();
                     // Still ours, or did a sequence of that CPU commit over it before the fence?
-                    self.word.load(Ordering::Acquire) == FENCED
+                    self.still_fenced()
                 }
                 Err(_) => false,
             };
         // SAFETY: taken just above, by this thread.
         unsafe { self.fair.unlock() };
         won
+    }
+
+    /// The check after the fence: the word still reads `FENCED`, so no sequence committed
+    /// over our flag. (Under loom a model may leave the check out: `rseq::mock::Mutation`.)
+    #[inline]
+    fn still_fenced(&self) -> bool {
+        #[cfg(loom)]
+        if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::SkipCheck {
+            return true;
+        }
+        self.word.load(Ordering::Acquire) == FENCED
     }
 
     /// Aborts the sequences running on the lock's CPU and orders our stores before later ones.
@@ -409,7 +436,9 @@ impl RseqLock {
 
     #[cfg(loom)]
     fn fence_cpu(&self) {
-        self.mock.fence();
+        if crate::rseq::mock::mutation() != crate::rseq::mock::Mutation::SkipFence {
+            self.mock.fence();
+        }
     }
 
     /// Everything but an uncontended acquisition on the lock's CPU: an aborted sequence is
@@ -433,6 +462,8 @@ impl RseqLock {
     }
 
     /// The contended acquisition: spin briefly, then register as a waiter and sleep.
+    // Under loom `SPINS` is 0, and clippy takes `0..0` for a mistake.
+    #[cfg_attr(loom, allow(clippy::reversed_empty_ranges))]
     fn lock_slow(&self) {
         for _ in 0..SPINS {
             crate::sync::spin_loop();
@@ -456,7 +487,13 @@ impl RseqLock {
                 self.waiters.fetch_sub(1, Ordering::Relaxed);
                 return;
             }
-            if seen != FREE {
+            // Sleep only on a held word, whose holder's release will wake us (we are
+            // registered). Not on `FREE`, which no release follows. Not on a `HANDOFF` we
+            // failed to claim either: another waiter claimed it, and its release may store
+            // `HANDOFF` again and wake before we sleep; `futex` would then find the value it
+            // expects and sleep through that wake, with nobody left to release (loom found
+            // this with two owner threads and a requester).
+            if seen == HELD || seen == FENCED {
                 self.futex_wait(seen);
             }
         }
@@ -609,9 +646,15 @@ mod loom_mock {
 
     use crate::sync::{AtomicU32, Condvar, Mutex, Ordering};
 
+    /// What the kernel does for one lock's CPU: abort sequences, and `futex`.
     #[derive(Debug)]
     pub(super) struct Cpu {
-        epoch: Mutex<u64>,
+        /// How many times a sequence of this CPU has been aborted or begun: bumped when a
+        /// sequence starts (the thread that had one in flight here was preempted) and by the
+        /// CPU fence (its interrupt). The mutex is taken only at the moments the kernel
+        /// synchronises with the CPU: a sequence's start and commit (a point in that CPU's
+        /// instruction stream) and the fence's interrupt landing there.
+        interrupts: Mutex<u64>,
         futex: Mutex<()>,
         woken: Condvar,
     }
@@ -619,35 +662,54 @@ mod loom_mock {
     impl Cpu {
         pub(super) fn new() -> Self {
             Self {
-                epoch: Mutex::new(0),
+                interrupts: Mutex::new(0),
                 futex: Mutex::new(()),
                 woken: Condvar::new(),
             }
         }
 
-        /// A sequence starts: any other one in flight on this CPU is aborted.
+        /// A sequence starts on this CPU: one in flight here (another thread's, which must
+        /// have been preempted for this one to run) is aborted. Returns the sequence's mark.
         pub(super) fn start(&self) -> u64 {
-            let mut epoch = self.epoch.lock().unwrap();
-            *epoch += 1;
-            *epoch
+            let mut interrupts = self.interrupts.lock().unwrap();
+            *interrupts += 1;
+            *interrupts
         }
 
-        /// Commits `store` unless the sequence begun at `epoch` has been aborted.
-        pub(super) fn commit(&self, epoch: u64, store: impl FnOnce()) -> bool {
-            let current = self.epoch.lock().unwrap();
-            if *current != epoch {
+        /// The sequence's last instruction: stores `value` to `word` unless the sequence
+        /// begun at `started` has been aborted since, in which case nothing is stored.
+        ///
+        /// The check and the store are one step, as the kernel makes them (its abort moves
+        /// the instruction pointer before the store can run). The mutex adds no ordering the
+        /// kernel lacks: the commit can only synchronise with what aborts it, and what it
+        /// publishes (the store and what came before) reaches a later fence, which is the
+        /// full barrier the fence's interrupt runs on this CPU.
+        ///
+        /// The store is a `swap` whose old value is ignored, not a plain `store`: loom 0.7
+        /// lets a plain store slip between the read and the write of a concurrent RMW
+        /// (tokio-rs/loom#254, fixed in the unmerged loom#391; seen in the models as the
+        /// requester's `CAS` to `FENCED` apparently overwriting a `HELD` committed after it).
+        /// As an RMW the store lands after every store loom has made so far, which is where
+        /// the hardware puts it: x86's `CAS` is a locked instruction, so a plain store that
+        /// executes after it is later in the word's coherence order.
+        pub(super) fn commit(&self, started: u64, word: &AtomicU32, value: u32) -> bool {
+            let interrupts = self.interrupts.lock().unwrap();
+            if *interrupts != started {
                 return false;
             }
-            store();
-            drop(current);
+            word.swap(value, Ordering::Relaxed);
+            drop(interrupts);
             true
         }
 
-        /// `membarrier(.._RSEQ, FLAG_CPU, cpu)`: aborts what is in flight.
+        /// `membarrier(.._RSEQ, FLAG_CPU, cpu)`: the interrupt lands on this CPU between two
+        /// of its instructions, aborts a sequence in flight, and is a full barrier there,
+        /// synchronised with the caller both ways (the caller waits for it).
         pub(super) fn fence(&self) {
-            *self.epoch.lock().unwrap() += 1;
+            *self.interrupts.lock().unwrap() += 1;
         }
 
+        /// `FUTEX_WAIT`: sleeps unless the word has changed, checked under the bucket lock.
         pub(super) fn futex_wait(&self, word: &AtomicU32, expected: u32) {
             let guard = self.futex.lock().unwrap();
             if word.load(Ordering::SeqCst) == expected {
@@ -655,6 +717,7 @@ mod loom_mock {
             }
         }
 
+        /// `FUTEX_WAKE`, under the same bucket lock.
         pub(super) fn futex_wake(&self) {
             let _guard = self.futex.lock().unwrap();
             self.woken.notify_all();
