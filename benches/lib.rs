@@ -146,6 +146,10 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
         "`PerCpu::lock_local` + increment + unlock, fenced mode (`Policy::Fenced`: a `FencedLock` per slot, issue 15), thread bound",
     ),
     (
+        "percpu_fenced_lock_bound",
+        "`PerCpu<_, FencedLock>::lock_local` + increment + unlock, fenced mode with the lock named (`per_cpu_with`), thread bound",
+    ),
+    (
         "fenced_remote_idle_target",
         "`PerCpu::lock(other CPU)` + increment + unlock in fenced mode: the requester's `CAS` + membarrier fence, none of our threads on the target",
     ),
@@ -175,7 +179,13 @@ pub const FAST_PATH_BOUNDS: &[(&str, &str, f64, &str)] = &[
         "percpu_fenced_bound",
         "atomic_lock",
         1.0,
-        "a bare atomic lock (issue 15: the fenced mode's owner path)",
+        "a bare atomic lock (issue 15: the fenced mode's owner path, default lock)",
+    ),
+    (
+        "percpu_fenced_lock_bound",
+        "atomic_lock",
+        1.0,
+        "a bare atomic lock (issue 15: the fenced mode's owner path, `FencedLock` named)",
     ),
 ];
 

@@ -299,6 +299,18 @@ fn fenced(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::Wall
             })
         })
     });
+    // The same mode with the `FencedLock` named (`per_cpu_with`): no choice of protocol per
+    // slot on the owner's path.
+    let named = qpw
+        .per_cpu_with::<FencedLock, _>(|_| 0u64)
+        .expect("a FencedLock PerCpu in fenced mode");
+    group.bench_function("percpu_fenced_lock_bound", |b| {
+        b.iter_custom(|iters| {
+            looped(iters, || {
+                *named.lock_local().expect("a bound thread has a CPU") += 1;
+            })
+        })
+    });
     let Some(other) = cpus.next() else {
         eprintln!("local/fenced_remote_*: skipped: one allowed CPU, no other CPU to fence");
         return;

@@ -62,23 +62,23 @@ unsafe impl RawLocalLock for PwLock {
     #[inline]
     fn lock(&self) {
         match self {
-            PwLock::Fair(l) => l.lock(),
             PwLock::Fenced(l) => l.lock(),
+            PwLock::Fair(l) => l.lock(),
         }
     }
 
     #[inline]
     fn try_lock(&self) -> bool {
         match self {
-            PwLock::Fair(l) => l.try_lock(),
             PwLock::Fenced(l) => l.try_lock(),
+            PwLock::Fair(l) => l.try_lock(),
         }
     }
 
     fn try_lock_until(&self, deadline: std::time::Instant) -> bool {
         match self {
-            PwLock::Fair(l) => l.try_lock_until(deadline),
             PwLock::Fenced(l) => l.try_lock_until(deadline),
+            PwLock::Fair(l) => l.try_lock_until(deadline),
         }
     }
 
@@ -87,8 +87,8 @@ unsafe impl RawLocalLock for PwLock {
         // SAFETY: the caller holds the lock (the trait's `# Safety`), which is the inner one.
         unsafe {
             match self {
-                PwLock::Fair(l) => l.unlock(),
                 PwLock::Fenced(l) => l.unlock(),
+                PwLock::Fair(l) => l.unlock(),
             }
         }
     }
@@ -96,8 +96,8 @@ unsafe impl RawLocalLock for PwLock {
     #[inline(always)]
     fn lock_on_current_cpu(&self) -> LocalAttempt {
         match self {
-            PwLock::Fair(l) => l.lock_on_current_cpu(),
             PwLock::Fenced(l) => l.lock_on_current_cpu(),
+            PwLock::Fair(l) => l.lock_on_current_cpu(),
         }
     }
 }
