@@ -17,6 +17,8 @@
 
 #![cfg(loom)]
 
+mod loom_common;
+
 use loom::cell::UnsafeCell;
 use loom::sync::{Arc, Mutex};
 use loom::thread;
@@ -25,7 +27,7 @@ use qpw_core::rseq::mock::{migrate_to, with_mutation, Mutation};
 use qpw_core::{CpuSpec, Policy, Qpw, RawLocalLock, RseqLock};
 
 /// The conservation assertion's message, which the mutation tests look for.
-const CONSERVATION: &str = "every increment lands exactly once";
+const CONSERVATION: &str = loom_common::LOOM_CONSERVATION;
 
 /// A counter behind an `RseqLock` of CPU 0; loom's cell tracking flags any two accesses that
 /// the lock failed to order.
@@ -164,19 +166,9 @@ fn loom_rseq_fenced_taker_vs_owner() {
 /// Runs the fenced taker's race with its path broken as `mutation` says, and checks that loom
 /// finds two holders at once (unordered accesses to the counter) or a lost increment.
 fn assert_fenced_taker_race_caught(mutation: Mutation) {
-    let race = || with_mutation(mutation, || race_with_cpu_0(1, None, 0));
-    let Err(failure) = std::panic::catch_unwind(race) else {
-        panic!("loom found no failure with {mutation:?}: the model does not need that step");
-    };
-    let message = failure
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| failure.downcast_ref::<&str>().copied())
-        .unwrap_or_default();
-    assert!(
-        message.contains("Causality violation") || message.contains(CONSERVATION),
-        "with {mutation:?} loom failed, but not with two holders: {message}"
-    );
+    loom_common::assert_loom_catches(&mutation, || {
+        with_mutation(mutation, || race_with_cpu_0(1, None, 0))
+    });
 }
 
 /// Without the fence, a sequence of CPU 0 that loaded `FREE` before the taker's `CAS`
