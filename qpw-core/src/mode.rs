@@ -18,8 +18,9 @@ pub enum Mode {
     /// Remote mode with an owner path that has no atomic read-modify-write: the CPU's lock in
     /// [`Qpw::per_cpu`](crate::Qpw::per_cpu) state is a [`FencedLock`](crate::FencedLock),
     /// which the CPU's own threads take with a restartable sequence and another CPU takes by
-    /// raising a flag and fencing the CPU with `membarrier` (no worker, no context switch; a
-    /// short interrupt on the CPU while one of the process's threads runs there). Work runs in
+    /// raising a flag and fencing the CPU with `membarrier` (no worker, no context switch; an
+    /// interrupt on the CPU while one of the process's threads runs there, about 15 us on our
+    /// 2-vCPU VM, `docs/validation.md`). Work runs in
     /// the caller, as in [`Mode::Remote`]. No kernel counterpart: the kernel's owner path is
     /// `preempt_disable()`, which userspace lacks. Where restartable sequences or the rseq
     /// fence are missing, the lock uses the atomic protocol of remote mode
