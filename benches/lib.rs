@@ -146,6 +146,10 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
         "`PerCpu::lock_local` + increment + unlock, fenced mode (`Policy::Fenced`: a `FencedLock` per slot, issue 15), thread bound",
     ),
     (
+        "percpu_fenced_bound_slot",
+        "`BoundSlot::lock` + increment + unlock, fenced mode: the bound thread's slot looked up once (`PerCpu::bound_slot`)",
+    ),
+    (
         "percpu_fenced_lock_bound",
         "`PerCpu<_, FencedLock>::lock_local` + increment + unlock, fenced mode with the lock named (`per_cpu_with`), thread bound",
     ),
@@ -180,6 +184,12 @@ pub const FAST_PATH_BOUNDS: &[(&str, &str, f64, &str)] = &[
         "atomic_lock",
         1.0,
         "a bare atomic lock (issue 15: the fenced mode's owner path, default lock)",
+    ),
+    (
+        "percpu_fenced_bound_slot",
+        "atomic_lock",
+        1.0,
+        "a bare atomic lock (issue 15: the fenced mode's owner path, slot looked up once)",
     ),
     (
         "percpu_fenced_lock_bound",

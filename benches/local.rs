@@ -13,6 +13,7 @@
 //! | `rseq_lock`: a bare `RseqLock` of the (pinned) caller's CPU + increment | `atomic_lock` | 1.0x |
 //! | `percpu_owner`: `Owner::lock_local` + increment (owner-only policy) | `tls_cell` | 1.5x |
 //! | `percpu_fenced_bound`: `PerCpu::lock_local` + increment in fenced mode (`Policy::Fenced`: each slot's lock a `FencedLock`), bound thread (issue 15) | `atomic_lock` | 1.0x |
+//! | `percpu_fenced_bound_slot`: the same through `PerCpu::bound_slot` (the look-up done once) | `atomic_lock` | 1.0x |
 //!
 //! Every bench times a plain loop of `iters` calls, each result through one `black_box`
 //! (`iter_custom` + [`looped`]). A first version used `b.iter(|| black_box(op()))`, which
@@ -291,11 +292,21 @@ fn fenced(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::Wall
     );
     let mut cpus = qpw.cpus().iter();
     let cpu = cpus.next().expect("at least one allowed CPU");
-    let _bound = qpw.bind_current(cpu).expect("bind to an allowed CPU");
+    let bound = qpw.bind_current(cpu).expect("bind to an allowed CPU");
     group.bench_function("percpu_fenced_bound", |b| {
         b.iter_custom(|iters| {
             looped(iters, || {
                 *stock.lock_local().expect("a bound thread has a CPU") += 1;
+            })
+        })
+    });
+    // The owner's path with the look-up done once (`PerCpu::bound_slot`): what a pinned
+    // thread's hot loop pays.
+    let mine = stock.bound_slot(&bound).expect("the slot of the bound CPU");
+    group.bench_function("percpu_fenced_bound_slot", |b| {
+        b.iter_custom(|iters| {
+            looped(iters, || {
+                *mine.lock() += 1;
             })
         })
     });

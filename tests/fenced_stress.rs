@@ -1,8 +1,9 @@
 //! Fenced mode under load, as the policy makes it: [`Policy::Fenced`], whose
-//! [`Qpw::per_cpu`] slots are each behind a [`FencedLock`].
-//! Several threads per CPU add to their CPU's slot (the owner path: a restartable sequence),
-//! some bound, some unbound that move themselves between CPUs (sometimes while holding, so the
-//! release is a plain store from elsewhere), some yielding while holding (a preempted holder);
+//! [`Qpw::per_cpu`] slots are each behind a [`FencedLock`]. Several threads per CPU add to
+//! their CPU's slot (the owner path: a restartable sequence), some bound (through a
+//! `BoundSlot`), some unbound that move themselves between CPUs (sometimes while holding, so
+//! the release is a plain store from elsewhere), some yielding while holding (a preempted
+//! holder);
 //! meanwhile two requesters drain every CPU back to back from wherever they run, one through
 //! remote-mode work (`drain_all`, run in the requester) and one through `for_each_locked`.
 //! Conservation: every unit added is drained exactly once, over about 10^6 operations.
@@ -112,12 +113,17 @@ fn stress_fenced_drains_with_preemption_and_migration() {
         .map(|(i, cpu)| {
             let (qpw, counters, allowed) = (qpw.clone(), counters.clone(), allowed.clone());
             thread::spawn(move || {
-                // Every third thread is bound; the others move themselves around.
-                let _bound = (i % 3 == 0).then(|| qpw.bind_current(cpu).unwrap());
+                // Every third thread is bound, and takes its slot through a `BoundSlot` (the
+                // look-up done once); the others move themselves around.
+                let bound = (i % 3 == 0).then(|| qpw.bind_current(cpu).unwrap());
+                let mine = bound.as_ref().map(|b| counters.bound_slot(b).unwrap());
                 let mut churn = qpw_tests::Churn::new(i, allowed, i % 3 != 0);
                 for _ in 0..OPS_PER_THREAD {
                     churn.before_op();
-                    let mut slot = counters.lock_local().unwrap();
+                    let mut slot = match &mine {
+                        Some(mine) => mine.lock(),
+                        None => counters.lock_local().unwrap(),
+                    };
                     *slot += 1;
                     churn.while_holding();
                     drop(slot);

@@ -349,6 +349,7 @@ impl Inner {
         crate::rseq::mock::migrate_to(Some(phys));
         Ok(Binding {
             id,
+            instance: self.id,
             cpu,
             _not_send: PhantomData,
         })
@@ -716,7 +717,10 @@ pub struct ShutdownReport {
 #[must_use = "dropping the binding unbinds the thread at once"]
 pub struct Binding {
     id: u64,
-    cpu: usize,
+    /// The instance it binds to.
+    pub(crate) instance: u64,
+    /// The CPU it binds to.
+    pub(crate) cpu: usize,
     _not_send: PhantomData<*const ()>,
 }
 

@@ -238,7 +238,7 @@ pub use fenced_lock::FencedLock;
 pub use instance::{Binding, Builder, CpuSpec, Qpw, ShutdownReport};
 pub use mode::{Mode, Policy};
 pub use owner::{OwnedGuard, OwnedPerCpu, Owner};
-pub use percpu::{PerCpu, PerCpuGuard};
+pub use percpu::{BoundSlot, PerCpu, PerCpuGuard};
 pub use pw_lock::PwLock;
 pub use raw_lock::{FairLock, LocalAttempt, RawLocalLock, RawRemoteLock};
 pub use rseq_lock::{LocalLockKind, RseqLock};

@@ -31,7 +31,9 @@ struct Slot<T, L> {
 ///   (`pw_lock(l, pw_get_cpu(w))`), wherever the work runs;
 /// - [`for_each_locked`](Self::for_each_locked) walks every CPU under its lock, for summaries;
 /// - [`read_each`](Self::read_each) reads every CPU's slot under its lock, whatever the lock,
-///   for final sums.
+///   for final sums;
+/// - [`bound_slot`](Self::bound_slot) looks a bound thread's slot up once, for hot loops that
+///   take it again and again ([`BoundSlot::lock`]).
 ///
 /// A handle: clones are cheap (three reference counts) and share the slots, so the state can
 /// be moved into work items without an `Arc` around it.
@@ -256,6 +258,46 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
         }
     }
 
+    /// The slot of the CPU `binding` bound the calling thread to, looked up once, so that
+    /// [`BoundSlot::lock`] takes it with no look-up at all: what
+    /// [`lock_local`](Self::lock_local) does on every call (the thread's binding from
+    /// thread-local storage, the slot from it) is done here, once. For a pinned thread's hot
+    /// loop, where that look-up is a large share of the cost (fenced mode's restartable
+    /// sequence is a few cycles).
+    ///
+    /// [`Error::Unbound`] when `binding` is of another instance. The handle borrows the
+    /// binding, so it cannot outlive it; while a newer binding of the same thread is in force
+    /// (elsewhere), [`BoundSlot::lock`] still takes this CPU's slot, correctly, from wherever
+    /// the thread runs.
+    ///
+    /// ```
+    /// use qpw_core::{Policy, Qpw};
+    ///
+    /// let qpw = Qpw::with_policy(Policy::Fenced)?;
+    /// let counters = qpw.per_cpu(|_cpu| 0u64);
+    /// let cpu = qpw.cpus().first().unwrap();
+    /// let binding = qpw.bind_current(cpu)?;
+    /// let mine = counters.bound_slot(&binding)?;
+    /// for _ in 0..1000 {
+    ///     *mine.lock() += 1; // the owner's path: no look-up, a restartable sequence
+    /// }
+    /// assert_eq!(*counters.lock(cpu)?, 1000);
+    /// # Ok::<(), qpw_core::Error>(())
+    /// ```
+    pub fn bound_slot<'a>(&'a self, binding: &'a crate::Binding) -> Result<BoundSlot<'a, T, L>> {
+        if binding.instance != self.local.id {
+            return Err(Error::Unbound {
+                managed: self.inner.managed.clone(),
+            });
+        }
+        let idx = self.inner.idx(binding.cpu)?;
+        Ok(BoundSlot {
+            slot: &self.slots[idx],
+            cpu: binding.cpu,
+            _not_send: PhantomData,
+        })
+    }
+
     /// Exclusive access to every slot, with no locking, when this is the only handle of the
     /// state (no clone of it is alive: `None` otherwise). For final accounting.
     pub fn iter_mut(&mut self) -> Option<impl Iterator<Item = (usize, &mut T)> + '_> {
@@ -368,6 +410,41 @@ impl<T, L: RawRemoteLock> PerCpu<T, L> {
     }
 }
 
+/// A bound thread's own slot, looked up once ([`PerCpu::bound_slot`]). Not `Send`: it belongs
+/// to the thread whose binding found it.
+pub struct BoundSlot<'a, T, L: RawLocalLock = PwLock> {
+    slot: &'a Slot<T, L>,
+    cpu: usize,
+    _not_send: PhantomData<*const ()>,
+}
+
+impl<'a, T, L: RawLocalLock> BoundSlot<'a, T, L> {
+    /// Locks the slot, as [`PerCpu::lock_local`] would for the bound thread, without the
+    /// look-up. A thread that no longer runs on the slot's CPU (a newer binding elsewhere, or
+    /// its pinning undone) takes the lock from where it is, as every lock allows (an
+    /// [`RseqLock`](crate::RseqLock) or [`FencedLock`](crate::FencedLock) by fencing the CPU).
+    #[inline(always)]
+    pub fn lock(&self) -> PerCpuGuard<'a, T, L> {
+        if self.slot.lock.lock_on_current_cpu() != LocalAttempt::Locked {
+            self.slot.lock.lock();
+        }
+        PerCpuGuard::new(self.slot, self.cpu)
+    }
+
+    /// The slot's CPU.
+    pub fn cpu(&self) -> usize {
+        self.cpu
+    }
+}
+
+impl<T, L: RawLocalLock> fmt::Debug for BoundSlot<'_, T, L> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BoundSlot")
+            .field("cpu", &self.cpu)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Exclusive access to one CPU's slot, released on drop. Not `Send`: a lock is released by the
 /// thread that took it.
 #[must_use = "the lock is released as soon as the guard is dropped"]
@@ -471,6 +548,39 @@ mod tests {
             std::mem::align_of::<CachePadded<Slot<u8, PwLock>>>() % 64,
             0
         );
+    }
+
+    #[test]
+    fn a_bound_slot_is_its_cpus_slot_and_refuses_other_instances() {
+        let qpw = Qpw::builder()
+            .cpus(CpuSpec::Logical(2))
+            .policy(Policy::Fenced)
+            .build()
+            .unwrap();
+        let other = Qpw::builder()
+            .cpus(CpuSpec::Logical(2))
+            .policy(Policy::Fenced)
+            .build()
+            .unwrap();
+        let per_cpu = qpw.per_cpu(|cpu| cpu * 10);
+        let binding = qpw.bind_current(1).unwrap();
+        let mine = per_cpu.bound_slot(&binding).unwrap();
+        assert_eq!(mine.cpu(), 1);
+        {
+            let mut guard = mine.lock();
+            assert_eq!(*guard, 10);
+            *guard += 1;
+            assert!(
+                per_cpu.try_lock(1).unwrap().is_none(),
+                "the bound slot's lock is held"
+            );
+        }
+        assert_eq!(*per_cpu.lock(1).unwrap(), 11);
+        let foreign = other.bind_current(0).unwrap();
+        assert!(matches!(
+            per_cpu.bound_slot(&foreign),
+            Err(Error::Unbound { .. })
+        ));
     }
 
     #[test]
