@@ -41,7 +41,7 @@
 //! | `cpumask_any_housekeeping` | same | [`Topology::housekeeping_cpu`] | | |
 //! | `smp_processor_id()` | same | [`rseq::current_cpu`], else [`current_cpu`] (`sched_getcpu`) | | |
 //! | non-RT `local_lock` (`preempt_disable`) | same | [`RseqLock`] in [`Qpw::per_cpu_with`] | restartable sequence, plain stores | refused |
-//! | none (userspace has no `preempt_disable`) | none | [`Mode::Fenced`] ([`Policy::Fenced`], [`Policy::FencedOn`]): [`Qpw::per_cpu`] slots get a [`FencedLock`] | | as remote mode, but the owner takes the lock with a restartable sequence and the caller fences the CPU with `membarrier` |
+//! | none (userspace has no `preempt_disable`) | none | [`Mode::Fenced`] ([`Policy::Fenced`], [`Policy::FencedOn`]): [`Qpw::per_cpu`] slots get a [`FencedLock`]; [`PerCpu::bound_slot`] for a pinned thread's hot loop | | as remote mode, but the owner takes the lock with a restartable sequence and the caller fences the CPU with `membarrier` |
 //! | none (thread-per-core, Seastar) | none | [`Qpw::owned_per_cpu`], [`Owner::lock_local`], [`Owner::poll`] | one owner, work run at its poll | refused |
 //!
 //! # How the local lock excludes, in each mode, and what it costs
