@@ -253,9 +253,9 @@ pub(crate) fn bench(c: &mut Criterion) {
         })
     });
 
-    // Issue 15's fenced mode: remote-mode CPUs whose slots are behind a `FencedLock`. The
-    // owner's path, against `percpu_remote_bound` (the same mode with the `FairLock`); then
-    // the requester's cost: this thread takes another CPU's lock (a `CAS`, the membarrier
+    // Fenced mode (issue 15): CPUs whose slots are behind a `FencedLock`, drained as in remote
+    // mode. The owner's path (through `lock_local`, through a `BoundSlot`, and with the lock
+    // named), against `percpu_remote_bound`; then the requester's cost: this thread takes another CPU's lock (a `CAS`, the membarrier
     // fence of that CPU, the release), first with none of our threads on that CPU (the kernel
     // skips the interrupt), then with one of ours spinning there (the interrupt is sent).
     fenced(&mut group);
