@@ -14,7 +14,7 @@ use crate::{FairLock, FencedLock, LocalAttempt, Mode, RawLocalLock, RawRemoteLoc
 ///
 /// The choice costs the hot path one predictable branch on a byte in the slot's own line:
 /// within the noise beside a named `FairLock` on remote CPUs, and on fenced CPUs between
-/// 0.74x and 1.38x a named `FencedLock` in two runs (`docs/results.md`, section 6a; on a path
+/// 0.74x and 1.38x a named `FencedLock` in five runs (`docs/results.md`, section 6a; on a path
 /// of a few cycles, code placement decides as much). A `PerCpu` that should use one protocol
 /// everywhere names it instead ([`Qpw::per_cpu_with`](crate::Qpw::per_cpu_with)).
 ///
