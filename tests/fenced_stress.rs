@@ -8,6 +8,9 @@
 //! remote-mode work (`drain_all`, run in the requester) and one through `for_each_locked`.
 //! Conservation: every unit added is drained exactly once, over about 10^6 operations.
 //!
+//! The stress runs twice: with the owners' answers on (a requester whose owner answers its
+//! flag does not fence) and forced off (every requester fences).
+//!
 //! Checked by mutation: with the requester's CPU fence removed (`RseqLock::fence_cpu` a
 //! no-op) the stress fails three runs out of three, draining units twice.
 //!
@@ -51,8 +54,18 @@ fn smoke_fenced_lock_in_remote_mode() {
     );
 }
 
+/// The stress with the owners' answers on (the default), then forced off (every requester
+/// fences), in one test because the switch is process-wide.
 #[test]
 fn stress_fenced_drains_with_preemption_and_migration() {
+    stress(true);
+    stress(false);
+    qpw_core::fenced_lock::set_acks(true);
+}
+
+fn stress(acks: bool) {
+    qpw_core::fenced_lock::set_acks(acks);
+    let counts_before = qpw_core::fenced_lock::fence_counts();
     let status = qpw_core::rseq::status();
     println!("rseq status: {status}");
     if std::env::var_os(EXPECT_FALLBACK).is_some() {
@@ -141,11 +154,20 @@ fn stress_fenced_drains_with_preemption_and_migration() {
         drained.fetch_add(std::mem::take(n), Ordering::Relaxed);
     });
     let added = OPS_PER_THREAD * (qpw.cpus().len() * THREADS_PER_CPU) as u64;
+    let settled = qpw_core::fenced_lock::fence_counts().since(&counts_before);
     println!(
-        "{}; {} lock; {added} adds, {migrations} migrations, drain rounds {rounds:?}",
+        "{}; {} lock; answers {}; {added} adds, {migrations} migrations, drain rounds \
+         {rounds:?}; flags settled: {settled:?}",
         qpw.describe(),
-        FencedLock::kind()
+        FencedLock::kind(),
+        if acks { "on" } else { "off" },
     );
+    if !acks {
+        assert_eq!(
+            settled.answered, 0,
+            "answers are off, yet a flag was settled by one"
+        );
+    }
     assert!(rounds.0 > 0 && rounds.1 > 0, "{rounds:?}");
     assert_eq!(drained.load(Ordering::Relaxed), added);
 }

@@ -30,11 +30,13 @@
 
 mod loom_common;
 
+use std::sync::Arc;
+
 use loom::cell::UnsafeCell;
-use loom::sync::Arc;
 use loom::thread;
 
-use qpw_core::rseq::mock::{migrate_to, with_mutation, Mutation};
+use loom_common::Failure;
+use qpw_core::rseq::mock::{migrate_to, with_acks_off, with_mutation, Mutation};
 use qpw_core::{CpuSpec, FencedLock, Policy, Qpw, RawLocalLock};
 
 /// The owner's CPU.
@@ -101,41 +103,48 @@ impl Slot {
     }
 }
 
-/// Runs `parties` (each a CPU and what it does while holding) against one slot, each on its
-/// own thread but the first, which runs on the model's main thread; then checks that every
-/// increment landed once.
-fn model(parties: &'static [(usize, WhileHolding)]) {
+/// Runs `parties` (each a CPU, what it does while holding, and how many times it adds) against
+/// one slot, each on its own thread but the first, which runs on the model's main thread; then
+/// checks that every increment landed once.
+fn model(parties: &'static [(usize, WhileHolding, u32)]) {
     loom::model(move || {
         let slot = Slot::new();
         let others: Vec<_> = parties[1..]
             .iter()
-            .map(|&(cpu, holding)| {
+            .map(|&(cpu, holding, times)| {
                 let slot = slot.clone();
-                thread::spawn(move || slot.add_one(cpu, holding))
+                thread::spawn(move || {
+                    for _ in 0..times {
+                        slot.add_one(cpu, holding);
+                    }
+                })
             })
             .collect();
-        let (cpu, holding) = parties[0];
-        slot.add_one(cpu, holding);
+        let (cpu, holding, times) = parties[0];
+        for _ in 0..times {
+            slot.add_one(cpu, holding);
+        }
         for other in others {
             other.join().unwrap();
         }
-        assert_eq!(slot.total(), parties.len() as u32, "{CONSERVATION}");
+        let expected: u32 = parties.iter().map(|p| p.2).sum();
+        assert_eq!(slot.total(), expected, "{CONSERVATION}");
     });
 }
 
 /// The owner takes its lock by restartable sequence while a requester of another CPU drains.
 fn owner_vs_requester() {
     model(&[
-        (OWNER_CPU, WhileHolding::Releases),
-        (REQUESTER_CPU, WhileHolding::Releases),
+        (OWNER_CPU, WhileHolding::Releases, 1),
+        (REQUESTER_CPU, WhileHolding::Releases, 1),
     ]);
 }
 
 /// Two requesters of another CPU and no owner.
 fn two_requesters() {
     model(&[
-        (REQUESTER_CPU, WhileHolding::Releases),
-        (REQUESTER_CPU, WhileHolding::Releases),
+        (REQUESTER_CPU, WhileHolding::Releases, 1),
+        (REQUESTER_CPU, WhileHolding::Releases, 1),
     ]);
 }
 
@@ -143,8 +152,8 @@ fn two_requesters() {
 /// releases from there, while a requester drains.
 fn owner_migrating() {
     model(&[
-        (OWNER_CPU, WhileHolding::MigratesTo(REQUESTER_CPU)),
-        (REQUESTER_CPU, WhileHolding::Releases),
+        (OWNER_CPU, WhileHolding::MigratesTo(REQUESTER_CPU), 1),
+        (REQUESTER_CPU, WhileHolding::Releases, 1),
     ]);
 }
 
@@ -152,9 +161,29 @@ fn owner_migrating() {
 /// and a requester drains.
 fn owner_preempted_while_holding() {
     model(&[
-        (OWNER_CPU, WhileHolding::IsPreempted),
-        (OWNER_CPU, WhileHolding::Releases),
-        (REQUESTER_CPU, WhileHolding::Releases),
+        (OWNER_CPU, WhileHolding::IsPreempted, 1),
+        (OWNER_CPU, WhileHolding::Releases, 1),
+        (REQUESTER_CPU, WhileHolding::Releases, 1),
+    ]);
+}
+
+/// The owner adds while two requesters of another CPU take turns, each preempted while it
+/// holds the lock: the side mutex keeps their flags' epochs apart, so that neither takes the
+/// other's flag (or a flag an owner committed over and released) for its own.
+fn owner_vs_two_preempted_requesters() {
+    model(&[
+        (OWNER_CPU, WhileHolding::Releases, 1),
+        (REQUESTER_CPU, WhileHolding::IsPreempted, 1),
+        (REQUESTER_CPU, WhileHolding::IsPreempted, 1),
+    ]);
+}
+
+/// The owner and a requester each take the lock twice: the owner's answer to the first flag
+/// must not settle the second.
+fn owner_and_requester_twice() {
+    model(&[
+        (OWNER_CPU, WhileHolding::Releases, 2),
+        (REQUESTER_CPU, WhileHolding::IsPreempted, 2),
     ]);
 }
 
@@ -213,6 +242,29 @@ fn loom_fenced_owner_preempted_while_holding() {
     owner_preempted_while_holding();
 }
 
+/// Two requesters, each preempted while holding, against the owner.
+#[test]
+fn loom_fenced_owner_vs_two_preempted_requesters() {
+    owner_vs_two_preempted_requesters();
+}
+
+/// An answer settles only the flag it answered.
+#[test]
+fn loom_fenced_owner_and_requester_twice() {
+    owner_and_requester_twice();
+}
+
+/// With answers off every requester fences: the fence path alone, as before answers existed.
+#[test]
+fn loom_fenced_owner_vs_requester_acks_off() {
+    with_acks_off(owner_vs_requester);
+}
+
+#[test]
+fn loom_fenced_owner_preempted_while_holding_acks_off() {
+    with_acks_off(owner_preempted_while_holding);
+}
+
 /// Nothing is lost or counted twice through `PerCpu::lock` and `lock_local`.
 #[test]
 fn loom_fenced_remote_drain_in_the_requester() {
@@ -223,7 +275,9 @@ fn loom_fenced_remote_drain_in_the_requester() {
 /// loom finds the failure the protocol's argument predicts (two holders at once, or an
 /// increment lost or counted twice).
 fn assert_caught(mutation: Mutation, model: fn()) {
-    loom_common::assert_loom_catches(&mutation, || with_mutation(mutation, model));
+    loom_common::assert_loom_catches(&mutation, Failure::TwoHolders, || {
+        with_mutation(mutation, model)
+    });
 }
 
 // Without the fence a sequence that loaded `FREE` before the flag commits after the
@@ -268,4 +322,45 @@ fn loom_fenced_remote_drain_in_the_requester_needs_the_fence() {
 #[test]
 fn loom_fenced_remote_drain_in_the_requester_needs_the_check() {
     assert_caught(Mutation::SkipCheck, remote_drain_in_the_requester);
+}
+
+#[test]
+fn loom_fenced_owner_vs_requester_acks_off_needs_the_fence() {
+    assert_caught(Mutation::SkipFence, || with_acks_off(owner_vs_requester));
+}
+
+// The answer, the epoch and the side mutex: each model that needs one fails without it.
+
+/// An answer from a thread that is not a sequence of the lock's CPU (here the second
+/// requester, which found the first one's flag) proves nothing about the owner's sequence in
+/// flight, which then commits over the flag the first requester took as settled.
+#[test]
+fn loom_fenced_answers_come_only_from_the_owners_cpu() {
+    assert_caught(
+        Mutation::AckFromAnyThread,
+        owner_vs_two_preempted_requesters,
+    );
+}
+
+/// An answer without its epoch settles a later flag that no owner has seen.
+#[test]
+fn loom_fenced_answers_carry_the_epoch() {
+    assert_caught(Mutation::AckWithoutEpoch, owner_and_requester_twice);
+}
+
+/// Without the side mutex two requesters raise flags of one epoch, and one settles on the
+/// other's.
+#[test]
+fn loom_fenced_owner_vs_two_preempted_requesters_needs_the_side_mutex() {
+    assert_caught(Mutation::NoSideMutex, owner_vs_two_preempted_requesters);
+}
+
+/// A waiter that sleeps on a hold without fencing the owner's CPU first misses the owner's
+/// release sequence, which loaded the waiter count before the waiter registered.
+#[test]
+fn loom_fenced_owner_vs_requester_needs_the_waiters_fence() {
+    let mutation = Mutation::SkipWaiterFence;
+    loom_common::assert_loom_catches(&mutation, Failure::LostWake, || {
+        with_mutation(mutation, owner_vs_requester)
+    });
 }

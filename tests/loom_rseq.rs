@@ -20,8 +20,9 @@
 mod loom_common;
 
 use loom::cell::UnsafeCell;
-use loom::sync::{Arc, Mutex};
+use loom::sync::Mutex;
 use loom::thread;
+use std::sync::Arc;
 
 use qpw_core::rseq::mock::{migrate_to, with_mutation, Mutation};
 use qpw_core::{CpuSpec, Policy, Qpw, RawLocalLock, RseqLock};
@@ -166,7 +167,7 @@ fn loom_rseq_fenced_taker_vs_owner() {
 /// Runs the fenced taker's race with its path broken as `mutation` says, and checks that loom
 /// finds two holders at once (unordered accesses to the counter) or a lost increment.
 fn assert_fenced_taker_race_caught(mutation: Mutation) {
-    loom_common::assert_loom_catches(&mutation, || {
+    loom_common::assert_loom_catches(&mutation, loom_common::Failure::TwoHolders, || {
         with_mutation(mutation, || race_with_cpu_0(1, None, 0))
     });
 }
@@ -183,6 +184,17 @@ fn loom_rseq_fenced_taker_vs_owner_needs_the_fence() {
 #[test]
 fn loom_rseq_fenced_taker_vs_owner_needs_the_check() {
     assert_fenced_taker_race_caught(Mutation::SkipCheck);
+}
+
+/// Without the waiter's fence, the taker that waits for the owner's hold sleeps while the
+/// owner's release sequence, which loaded the waiter count before the taker registered,
+/// commits `FREE` and wakes nobody.
+#[test]
+fn loom_rseq_fenced_taker_vs_owner_needs_the_waiters_fence() {
+    let mutation = Mutation::SkipWaiterFence;
+    loom_common::assert_loom_catches(&mutation, loom_common::Failure::LostWake, || {
+        with_mutation(mutation, || race_with_cpu_0(1, None, 0))
+    });
 }
 
 /// The framework around it: a queue-mode CPU whose slot is behind an `RseqLock`; a bound

@@ -12,25 +12,39 @@
 //! [`PerCpu::for_each_locked`](crate::PerCpu::for_each_locked) and remote-mode work use that
 //! path on purpose, for every drain, rather than for the rare migrated thread.
 //!
-//! # The protocol (the asymmetric drain)
+//! # The protocol (the asymmetric drain, and the owner's answer)
 //!
 //! The design tcmalloc uses to drain its per-CPU caches from another CPU (a flag, then a fence
 //! of that one CPU, then wait only for what had already committed), on the lock word of
-//! [`RseqLock`]:
+//! [`RseqLock`], with one addition: a fence the owner makes for free when it is busy on its
+//! lock.
 //!
 //! 1. **Owner** (a thread running on the lock's CPU): one restartable sequence that checks it
 //!    runs on the CPU, loads the word, and if it is `FREE` commits `HELD` with a plain store as
-//!    its last instruction. Release is a plain `Release` store of `FREE` (or a hand-over to a
-//!    sleeper). No atomic read-modify-write.
+//!    its last instruction. Release is another sequence that commits `FREE` when nobody waits
+//!    (or a hand-over to a sleeper). No atomic read-modify-write. When the sequence finds a
+//!    requester's flag in the word instead, the owner *answers* it: it stores the flag it read
+//!    (epoch included) into the lock's answer cell, then waits for the requester.
 //! 2. **Requester** (a thread on any other CPU), one at a time per lock (a side mutex):
-//!    - *raise the flag*: `CAS` the word from `FREE` to `FENCED`;
-//!    - *fence the CPU*: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ,
+//!    - *raise the flag*: `CAS` the word from `FREE` to `FENCED | epoch << 2`, a new epoch for
+//!      every flag (the epoch counter lives under the side mutex);
+//!    - *wait for the answer*, up to about 2 us while owners answer (not at all after a wait
+//!      that got none, until an answer is seen again);
+//!    - *if none came, fence the CPU*: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ,
 //!      MEMBARRIER_CMD_FLAG_CPU, cpu)`, which returns only after the target CPU, if it runs a
 //!      thread of this process, has taken an interrupt that aborts any restartable sequence
-//!      in flight there and executed a full barrier;
-//!    - *check*: the word still reads `FENCED` means the lock is ours; anything else means an
+//!      in flight there and executed a full barrier; if the call fails, the flag is backed out
+//!      and the requester panics, saying so: nothing is taken without the fence;
+//!    - *check*: the word still holds our flag means the lock is ours; anything else means an
 //!      owner had committed `HELD` over the flag, and we wait for its release like any waiter
 //!      (spin briefly, then sleep on the futex until the release hands it over).
+//!
+//! A walk over many CPUs ([`PerCpu::for_each_locked`](crate::PerCpu::for_each_locked), and so
+//! [`read_each`](crate::PerCpu::read_each)) raises every CPU's flag first, waits for the
+//! answers together, and fences only the CPUs that did not answer. A
+//! [`drain_all`](crate::PerCpuWork::drain_all) cannot: its locks are taken inside the work
+//! function, one CPU after another, so each CPU's lock gets its own wait and, unanswered, its
+//! own fence.
 //!
 //! # Why it is correct
 //!
@@ -38,47 +52,66 @@
 //! to the requester's fence, it is in one of three places:
 //!
 //! - **It committed before the fence.** Its store of `HELD` either preceded the requester's
-//!   `CAS` (which then fails: the word is not `FREE`) or came after it and overwrote `FENCED`.
+//!   `CAS` (which then fails: the word is not `FREE`) or came after it and overwrote the flag.
 //!   The fence's barrier orders that store before the requester's load in the check, which sees
 //!   `HELD` and does not claim the lock: the requester waits for the holder that had committed.
 //! - **It was in flight during the fence.** The fence's interrupt aborts it before its store;
-//!   re-run, it loads the word again and finds `FENCED`: it waits.
+//!   re-run, it loads the word again and finds the flag: it waits.
 //! - **It starts after the fence.** The fence ordered the requester's `CAS` before it, so its
-//!   load sees `FENCED` (or a later value): it does not store `HELD` over a held lock.
+//!   load sees the flag (or a later value): it does not store `HELD` over a held lock.
+//!
+//! An answer replaces the fence because it settles the same three cases. It was published by
+//! a sequence that read our flag on the lock's CPU: a sequence of that CPU that committed over
+//! the flag would have come earlier in that CPU's order and been seen instead (and the flag,
+//! with its epoch, never comes back once overwritten); one in flight belongs to a thread that
+//! was not running, so it was preempted and will abort; and later ones load the flag or a newer
+//! value. The answer must carry the epoch, or an answer to an earlier flag would settle a flag
+//! no owner has seen; and it must come from a sequence of the lock's CPU, or it would prove
+//! nothing about that CPU's sequences in flight ([`RseqLock`]'s module docs give the whole
+//! argument, and the waiter handshake, which needs no process-wide barrier).
 //!
 //! So at most one of the owner and the requester holds the lock; two requesters are kept
 //! apart by the side mutex and by the `CAS` itself; a holder that migrated while holding
 //! releases with a store that no other party can race (only the holder stores while the word
-//! is `HELD` or `FENCED`), and a holder preempted while holding simply keeps the word `HELD`,
+//! is `HELD` or a flag), and a holder preempted while holding simply keeps the word `HELD`,
 //! which the requester waits out, sleeping. Each acquisition reads with acquire ordering the
 //! value a release stored with release ordering, which hands over the data.
 //!
-//! Without the fence, a sequence that loaded `FREE` before the `CAS` could commit `HELD` after
-//! the requester's check: both would hold. Without the check, the requester would claim a lock
-//! an owner had committed before the fence.
+//! Without the fence (and without an answer), a sequence that loaded `FREE` before the `CAS`
+//! could commit `HELD` after the requester's check: both would hold. Without the check, the
+//! requester would claim a lock an owner had committed before the fence.
 //!
 //! **Status of the checks.** The 10^6-operation stress (`tests/fenced_stress.rs`) conserves
-//! every unit on real CPUs, with and without rseq, and fails (units drained twice, 1.03x to
-//! 1.13x the units added, three runs out of three) when the fence is removed; it does not catch
-//! the removal of the check, whose window (an owner committing between the requester's `CAS`
-//! and its fence) is a few instructions wide. The loom models (`tests/loom_fenced.rs`: owner
-//! against requester, two requesters, an owner migrating while holding, an owner preempted
-//! while holding with a second thread of its CPU waiting, and the drain through
-//! [`PerCpu::lock`](crate::PerCpu::lock)) all pass, in a mock where only an abort (the fence's,
-//! or a preemption's) stops an owner's commit whose load has gone stale. Every model with an
-//! owner fails, as permanent tests, when the requester's fence is left out and when its check
-//! is left out (a loom-only switch, `rseq::mock::with_mutation`); so does the rseq lock's
-//! fenced race in `tests/loom_rseq.rs`. The models also found a hang, since fixed: a waiter
-//! that lost a `HANDOFF` to another slept on `HANDOFF` and missed the winner's wake. What
-//! loom cannot check is the mock's premise, that membarrier aborts and orders as the kernel
-//! documents; the stress on real CPUs is the check of that.
+//! every unit on real CPUs, with answers on and forced off, with and without rseq, and fails
+//! (units drained twice, 1.03x to 1.13x the units added, three runs out of three) when the
+//! fence is removed; it does not catch the removal of the check, whose window (an owner
+//! committing between the requester's `CAS` and its fence) is a few instructions wide.
+//! `tests/fenced_faults.rs` checks, on real CPUs, that a thread without an rseq registration
+//! never commits a sequence and that a fence that fails (made to fail by a seccomp filter)
+//! refuses the lock. The loom models (`tests/loom_fenced.rs`: owner against requester, two
+//! requesters, an owner migrating while holding, an owner preempted while holding with a
+//! second thread of its CPU waiting, an owner against two requesters each preempted while
+//! holding, an owner and a requester taking the lock twice each, and the drain through
+//! [`PerCpu::lock`](crate::PerCpu::lock); with answers on, and some with answers off) all
+//! pass, in a mock where only an abort (the fence's, or a preemption's) stops an owner's
+//! commit whose load has gone stale. Each fails, as a permanent test, when one step is left
+//! out (a loom-only switch, `rseq::mock::with_mutation`): the requester's fence or its check
+//! (every model with an owner), the side mutex (two preempted requesters), an answer's epoch
+//! (twice each), an answer's origin on the lock's CPU (a second requester answering), and the
+//! waiter's fence before it sleeps (a lost wake: loom reports the deadlock). What loom cannot
+//! check is the mock's premise, that membarrier and a preemption abort and order as the
+//! kernel documents; the stress on real CPUs is the check of that.
 //!
 //! # The cost, and where it falls
 //!
-//! The owner pays a restartable sequence: plain loads and stores. The requester pays a
-//! `CAS`, a system call and an inter-processor interrupt. The target CPU sees a short
-//! interrupt, and only while one of this process's threads runs there (otherwise the kernel
-//! skips it): no worker, no context switch.
+//! The owner pays a restartable sequence to take the lock and another to release it: plain
+//! loads and stores. The requester pays a `CAS` and either a wait of a few microseconds for an
+//! owner busy on its lock, or a system call and an inter-processor interrupt. The target CPU
+//! sees nothing when its owner answers, and otherwise a short interrupt, only while one of
+//! this process's threads runs there (otherwise the kernel skips it): no worker, no context
+//! switch. An owner that finds a flag spins while the requester holds the lock (tens of
+//! microseconds at most) before it sleeps. [`fence_counts`] tells how this process's flags
+//! were settled: answered, fenced, or overtaken by an owner.
 //!
 //! # When it is not available
 //!
@@ -89,6 +122,7 @@
 
 use std::fmt;
 
+pub use crate::rseq_lock::{acks, fence_counts, set_acks, FenceCounts};
 use crate::{LocalAttempt, LocalLockKind, RawLocalLock, RawRemoteLock, RseqLock};
 
 /// An [`RseqLock`] that other CPUs may take, by raising a flag and fencing the lock's CPU
@@ -167,9 +201,18 @@ unsafe impl RawLocalLock for FencedLock {
         unsafe { self.inner.unlock() }
     }
 
+    fn try_lock_until(&self, deadline: std::time::Instant) -> bool {
+        self.inner.try_lock_until(deadline)
+    }
+
     #[inline(always)]
     fn lock_on_current_cpu(&self) -> LocalAttempt {
         self.inner.lock_on_current_cpu()
+    }
+
+    #[inline]
+    fn as_rseq(&self) -> Option<&RseqLock> {
+        Some(&self.inner)
     }
 }
 

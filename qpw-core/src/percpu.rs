@@ -252,9 +252,55 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// costs a fence of that CPU (an inter-processor interrupt): correct, but not for hot
     /// paths, which is why such locks have no [`for_each_locked`](Self::for_each_locked).
     pub fn read_each(&self, mut f: impl FnMut(usize, &T)) {
+        self.walk(|cpu, guard| f(cpu, &guard));
+    }
+
+    /// Takes every CPU's lock in turn for `f`, from the calling thread: the walk behind
+    /// [`for_each_locked`](Self::for_each_locked) and [`read_each`](Self::read_each). Where
+    /// two or more slots have a restartable-sequence lock (fenced mode), their requester's
+    /// flags are all raised before the first is taken, the owners' answers are waited for
+    /// together, and only the CPUs that did not answer are fenced (see
+    /// [`fenced_lock`](crate::fenced_lock)); such a CPU's owner then waits from the raise
+    /// until `f` is done with its slot. Other locks are taken one after another.
+    fn walk(&self, mut f: impl FnMut(usize, PerCpuGuard<'_, T, L>)) {
+        /// Locks taken ahead of the walk but not yet handed to `f`: released if `f` panics.
+        struct Ahead<'s, T, L: RawLocalLock> {
+            slots: &'s [CachePadded<Slot<T, L>>],
+            taken: Vec<bool>,
+        }
+        impl<T, L: RawLocalLock> Drop for Ahead<'_, T, L> {
+            fn drop(&mut self) {
+                for (slot, taken) in self.slots.iter().zip(&self.taken) {
+                    if *taken {
+                        // SAFETY: taken by `take_flags` for this thread and not handed on.
+                        unsafe { slot.lock.unlock() };
+                    }
+                }
+            }
+        }
+        let fenced = self
+            .slots
+            .iter()
+            .filter(|s| s.lock.as_rseq().is_some())
+            .count();
+        let mut ahead = Ahead {
+            slots: &self.slots,
+            taken: if fenced > 1 {
+                let locks: Vec<_> = self.slots.iter().map(|s| s.lock.as_rseq()).collect();
+                crate::rseq_lock::take_flags(&locks)
+            } else {
+                Vec::new()
+            },
+        };
         for (idx, cpu) in self.inner.managed.iter().enumerate() {
-            let guard = self.acquire(idx, cpu);
-            f(cpu, &guard);
+            let guard = match ahead.taken.get_mut(idx) {
+                Some(taken) if *taken => {
+                    *taken = false;
+                    PerCpuGuard::new(&self.slots[idx], cpu)
+                }
+                _ => self.acquire(idx, cpu),
+            };
+            f(cpu, guard);
         }
     }
 
@@ -402,11 +448,11 @@ impl<T, L: RawRemoteLock> PerCpu<T, L> {
     /// whatever the CPU's mode: the one sanctioned cross-CPU acquisition in queue mode, meant
     /// for summaries and accounting (what the kernel does with racy `per_cpu()` reads), not for
     /// hot paths.
+    ///
+    /// In fenced mode the walk raises every fenced CPU's flag before it takes the first lock
+    /// and fences only the CPUs whose owners did not answer (see [`fenced_lock`](crate::fenced_lock)).
     pub fn for_each_locked(&self, mut f: impl FnMut(usize, &mut T)) {
-        for (idx, cpu) in self.inner.managed.iter().enumerate() {
-            let mut guard = self.acquire(idx, cpu);
-            f(cpu, &mut guard);
-        }
+        self.walk(|cpu, mut guard| f(cpu, &mut guard));
     }
 }
 

@@ -102,6 +102,13 @@ unsafe impl RawLocalLock for PwLock {
             PwLock::Fair(l) => l.lock_on_current_cpu(),
         }
     }
+    #[inline]
+    fn as_rseq(&self) -> Option<&crate::RseqLock> {
+        match self {
+            PwLock::Fenced(l) => l.as_rseq(),
+            PwLock::Fair(_) => None,
+        }
+    }
 }
 
 // SAFETY: both inner locks are `RawRemoteLock`s.

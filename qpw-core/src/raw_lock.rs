@@ -90,6 +90,15 @@ pub unsafe trait RawLocalLock: Send + Sync {
         self.lock();
         LocalAttempt::Locked
     }
+
+    /// The restartable-sequence lock this lock is, or forwards to for its slot, if any: lets
+    /// a walk over many CPUs' locks ([`PerCpu::for_each_locked`](crate::PerCpu::for_each_locked))
+    /// raise every requester's flag before it waits for any. None by default.
+    #[doc(hidden)]
+    #[inline]
+    fn as_rseq(&self) -> Option<&crate::RseqLock> {
+        None
+    }
 }
 
 /// What [`RawLocalLock::lock_on_current_cpu`] did.

@@ -328,8 +328,6 @@ fn cpu_fallback_reason() -> String {
 /// `membarrier(2)` commands (`include/uapi/linux/membarrier.h`).
 #[cfg(not(loom))]
 mod cmd {
-    pub(super) const PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
-    pub(super) const REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
     pub(super) const PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 7;
     pub(super) const REGISTER_PRIVATE_EXPEDITED_RSEQ: libc::c_int = 1 << 8;
     pub(super) const FLAG_CPU: libc::c_uint = 1 << 0;
@@ -359,8 +357,7 @@ pub(crate) fn membarrier_registered() -> Result<(), String> {
         OK => return Ok(()),
         FAILED => {}
         _ => {
-            let ok = membarrier(cmd::REGISTER_PRIVATE_EXPEDITED, 0, 0).is_ok()
-                && membarrier(cmd::REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0).is_ok();
+            let ok = membarrier(cmd::REGISTER_PRIVATE_EXPEDITED_RSEQ, 0, 0).is_ok();
             STATE.store(if ok { OK } else { FAILED }, Ordering::Release);
             if ok {
                 return Ok(());
@@ -382,27 +379,6 @@ pub(crate) fn fence_cpu(cpu: usize) -> std::io::Result<()> {
     let cpu =
         libc::c_int::try_from(cpu).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
     membarrier(cmd::PRIVATE_EXPEDITED_RSEQ, cmd::FLAG_CPU, cpu)
-}
-
-/// The heavy side of an asymmetric fence: a full memory barrier on every CPU running a thread
-/// of this process, so that a plain store and load on the light side (which uses only a
-/// compiler fence) are ordered against the caller's.
-/// Like [`fence_cpu`], for every CPU running a thread of the process.
-#[cfg(not(loom))]
-pub(crate) fn fence_all_cpus() {
-    if membarrier(cmd::PRIVATE_EXPEDITED_RSEQ, 0, 0).is_err() {
-        // Registration is checked before the rseq lock is used, so this does not happen.
-        std::sync::atomic::fence(Ordering::SeqCst);
-    }
-}
-
-#[cfg(not(loom))]
-pub(crate) fn heavy_fence() {
-    if membarrier(cmd::PRIVATE_EXPEDITED, 0, 0).is_err() {
-        // Registration is checked before the rseq lock is used, so this does not happen; a
-        // full fence here at least orders our own side.
-        std::sync::atomic::fence(Ordering::SeqCst);
-    }
 }
 
 /// The kernel's part under loom: the CPU each model thread runs on, and switches that break
@@ -430,6 +406,19 @@ pub mod mock {
         /// The requester fences but does not look at the word again: it claims a lock that a
         /// sequence committed over its flag before the fence.
         SkipCheck,
+        /// Any thread that finds a flag in the word answers it, not only a sequence of the
+        /// lock's CPU: an answer then proves nothing about the sequences in flight there.
+        AckFromAnyThread,
+        /// Answers carry no epoch: a requester takes an answer to an earlier flag for one to
+        /// its own.
+        AckWithoutEpoch,
+        /// Requesters do not take the side mutex: two of them can raise flags of one epoch,
+        /// and one can take the other's flag for its own (ABA on the word).
+        NoSideMutex,
+        /// A waiter sleeps on an owner's hold without first fencing the lock's CPU: a release
+        /// sequence there that loaded the waiter count before the waiter registered commits
+        /// `FREE` and wakes nobody.
+        SkipWaiterFence,
     }
 
     std::thread_local! {
@@ -451,6 +440,36 @@ pub mod mock {
             }
         }
         MUTATION.with(|m| m.set(mutation));
+        let _restore = Restore;
+        f()
+    }
+
+    std::thread_local! {
+        // Whether requesters wait for answers ([`crate::fenced_lock::set_acks`]), per test
+        // thread as `MUTATION` is.
+        static ACKS: Cell<bool> = const { Cell::new(true) };
+    }
+
+    /// `fenced_lock::set_acks` under loom: for the calling test's models.
+    pub(crate) fn set_acks(on: bool) {
+        ACKS.with(|a| a.set(on));
+    }
+
+    /// `fenced_lock::acks` under loom.
+    pub(crate) fn acks() -> bool {
+        ACKS.with(Cell::get)
+    }
+
+    /// Runs `f` (a whole `loom::model`) with requesters that never wait for an owner's answer
+    /// (they always fence), then turns answers back on, also when `f` panics.
+    pub fn with_acks_off<R>(f: impl FnOnce() -> R) -> R {
+        struct Restore;
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                ACKS.with(|a| a.set(true));
+            }
+        }
+        ACKS.with(|a| a.set(false));
         let _restore = Restore;
         f()
     }

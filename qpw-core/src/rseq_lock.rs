@@ -14,97 +14,145 @@
 //!
 //! # The protocol
 //!
-//! The lock word takes four values: `FREE`, `HELD`, `HANDOFF` (released to a sleeping waiter,
-//! which has not claimed it yet) and `FENCED` (held by a thread that took it from another CPU,
-//! below). Besides the word, a count of registered waiters.
+//! The lock word takes four kinds of value: `FREE`, `HELD`, `HANDOFF` (released to a sleeping
+//! waiter, which has not claimed it yet) and a requester's *flag*, `FENCED | epoch << 2` (held,
+//! or being taken, by a thread on another CPU; every flag raised on a lock has a new epoch).
+//! Besides the word: a count of registered waiters, the epoch counter, and an *answer* cell
+//! where an owner publishes a flag it has seen.
 //!
-//! - **Acquire, on the lock's CPU** (the fast path): one restartable sequence that checks the
-//!   thread's `cpu_id` against the lock's CPU, loads the word, and if it is `FREE` commits
-//!   `HELD` with a plain store. The store is the sequence's last instruction, so either it
-//!   happened with no other thread of the CPU running since the load, or the kernel aborted
-//!   the sequence and we try again. No atomic read-modify-write.
-//! - **Release** (from wherever the holder runs now): when no waiter is registered, a plain
-//!   `Release` store of `FREE`, then a compiler-only fence and a second look at the waiter
-//!   count, waking one if a waiter registered meanwhile; when one is, a `Release` store of
-//!   `HANDOFF` and a `futex` wake. No atomic read-modify-write either.
-//! - **Wait**: spin a few times re-trying, then register (`fetch_add` on the waiter count: the
-//!   slow path may use atomics), issue the heavy side of an asymmetric fence (below), and sleep
+//! - **Acquire, on the lock's CPU** (the owner's fast path): one restartable sequence that
+//!   checks the thread's `cpu_id` against the lock's CPU, loads the word, and if it is `FREE`
+//!   commits `HELD` with a plain store. The store is the sequence's last instruction, so either
+//!   it happened with no other thread of the CPU running since the load, or the kernel aborted
+//!   the sequence and we try again. No atomic read-modify-write. When the word holds a flag,
+//!   the owner *answers* it: after the sequence it stores the flag it read into the answer cell.
+//! - **Release, on the lock's CPU**: another restartable sequence, which checks the CPU and that
+//!   no waiter is registered, and commits `FREE`. No atomic read-modify-write either.
+//! - **Release from elsewhere, or with a waiter** (a requester, a holder that migrated, or any
+//!   release that finds the count non-zero): full fences; with a waiter, a store of `HANDOFF`
+//!   and a `futex` wake of one sleeper.
+//! - **Acquire from another CPU** (a requester; also a thread that migrated, one the kernel did
+//!   not register, or a lock of no CPU): under the lock's side mutex, take the next epoch and
+//!   `CAS` the word from `FREE` to that epoch's flag; then wait briefly for the owner's answer
+//!   to *this* flag; if none came, *fence the lock's CPU* with
+//!   `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, cpu)`; then
+//!   look again: the word still holding our flag means we hold the lock; anything else means a
+//!   sequence of that CPU committed `HELD` over the flag, and we wait like any waiter. A fence
+//!   that fails (`membarrier` returned an error) is never papered over: the flag is backed out
+//!   and the call panics, saying so, with nothing held.
+//! - **Wait**: spin while that can pay (on a flag, whose holder is a requester running
+//!   elsewhere, for tens of microseconds; on a hold seen from another CPU, for a few; on the
+//!   lock's own CPU only a few times, since the holder then needs the CPU), then register (an
+//!   atomic add to the count), order the registration against the lock's CPU (below), and sleep
 //!   on the word with `futex` until it changes; a waiter that finds `HANDOFF` claims it with a
 //!   compare-and-swap to `HELD`. So a waiter on the same CPU as a preempted holder sleeps
 //!   instead of spinning against it (a `SCHED_FIFO` worker spinning would never let a
 //!   `SCHED_OTHER` holder run, and yielding would not help it), and a release hands the lock to
 //!   the sleeper instead of letting the releaser re-take it in a tight loop (the fairness
-//!   [`FairLock`] gets from `unlock_fair`).
-//! - **Acquire from another CPU** (a thread that migrated, one the kernel did not register, or
-//!   a lock with no CPU): under the lock's side mutex (one such taker at a time), `CAS` the word
-//!   from `FREE` to `FENCED`, then *fence the lock's CPU* with
-//!   `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, cpu)`, then
-//!   look again: still `FENCED` means we hold it; anything else means a sequence of that CPU
-//!   committed `HELD` over our `FENCED` and holds it, and we wait like any waiter.
+//!   [`FairLock`] gets from `unlock_fair`). A waiter with a deadline deregisters when it passes
+//!   and takes a hand-over that raced with that, rather than strand it.
 //!
 //! # Who writes the word, from where, and why that is enough
 //!
 //! | value seen | who may store to the word | how |
 //! |---|---|---|
 //! | `FREE` | any thread of the lock's CPU | plain store of `HELD`, committed by a restartable sequence |
-//! | `FREE` | one thread of another CPU (under the side mutex) | `CAS` to `FENCED`, then the CPU fence |
-//! | `HELD`, `FENCED` | the holder, from any CPU | plain `Release` store of `FREE` or `HANDOFF` |
+//! | `FREE` | one requester of another CPU (under the side mutex) | `CAS` to a flag of a new epoch, then the answer or the CPU fence, then the check |
+//! | `HELD`, a flag | the holder | a restartable sequence of the lock's CPU committing `FREE`, or a full-fenced store of `FREE` or `HANDOFF` |
 //! | `HANDOFF` | a registered waiter, from any CPU | `CAS` to `HELD` |
 //!
 //! Only in the `FREE` state can two parties store, and there the plain stores all come from
 //! one CPU, whose restartable sequences exclude each other (the kernel aborts one that was
 //! preempted between its load and its store). The one party from another CPU uses a `CAS` and
-//! then the fence: a sequence of the lock's CPU that loaded `FREE` before our `CAS` has either
-//! committed by the time the fence returns (and then the word no longer reads `FENCED`: we
-//! back off) or is aborted by it and, re-run, sees `FENCED`. In every other state exactly one
-//! party may store, so plain stores cannot be lost. In particular a holder that migrated
-//! releases correctly: while the word is `HELD` no thread of the lock's CPU stores to it, and
-//! the holder's `Release` store is read by the next acquirer's load (an `Acquire` in the
-//! memory model: a plain `mov` on x86-64, whose loads are not reordered with later accesses),
+//! then a fence or an answer: a sequence of the lock's CPU that loaded `FREE` before our `CAS`
+//! has either committed by the time the fence returns (and then the word no longer holds our
+//! flag: we back off) or is aborted by it and, re-run, sees the flag. In every other state
+//! exactly one party may store, so plain stores cannot be lost. In particular a holder that
+//! migrated releases correctly (its release sequence finds itself on the wrong CPU and takes
+//! the fenced path), and the holder's release is read by the next acquirer's load with acquire
+//! ordering (a plain `mov` on x86-64, whose loads are not reordered with later accesses),
 //! which hands over the data wherever the two threads run.
 //!
-//! **The waiter handshake** is a store-then-load on each side (releaser: store the word, load
-//! the count; waiter: add to the count, load the word through `futex`), which needs a full
-//! fence on both sides. The releaser's would cost as much as the atomic we saved, so it is an
-//! *asymmetric* fence: the releaser has only a compiler fence; the waiter, on its slow path,
-//! calls `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`, which runs a full barrier on every
-//! CPU running a thread of the process. Either the releaser's load of the count comes after
-//! that barrier and sees the waiter, or its store of `FREE` came before it and the waiter's
-//! `futex` sees the word changed and does not sleep.
+//! # The answer: a fence the owner makes for free
+//!
+//! The fence's only job is to settle the sequences of the lock's CPU that may have loaded
+//! `FREE` before our flag. An owner's sequence settles them too, when it loads the word and
+//! finds our flag: that load ran on the lock's CPU, inside a sequence (so with the thread on
+//! that CPU since its CPU check), and
+//!
+//! 1. no sequence of that CPU committed over the flag before it: that commit would be earlier
+//!    in the CPU's own order, and the load would have seen `HELD` (or a later value, never our
+//!    flag again: epochs are not reused while the flag can be in the word);
+//! 2. any other sequence in flight on that CPU belongs to a thread that is not running, so it
+//!    was preempted and will be aborted before it can commit;
+//! 3. every later sequence of that CPU loads our flag or a newer value, and does not commit
+//!    over it.
+//!
+//! So an answer carrying our flag (epoch included) proves what the fence would have, and the
+//! requester skips the fence and its interrupt. The answer must come from such a sequence (a
+//! thread that merely loads the word elsewhere proves nothing about the sequences of the lock's
+//! CPU) and must carry the epoch (an answer to an earlier flag says nothing about this one);
+//! the side mutex is what keeps epochs unique, since the counter is advanced under it. A
+//! requester waits for the answer only while answers come: up to 2 us after an
+//! answered flag, not at all after a wait that got none, and again as soon as an answer is seen
+//! (after a fence, or while it held the lock). An owner that runs without touching its lock
+//! never answers, and gets the fence. [`set_acks`] turns the waiting off, for comparisons; the
+//! owner's path is the same either way (the load it already had, now into a register, and an
+//! out-of-line store when it finds a flag).
+//!
+//! # Waiting: the handshake without a broadcast
+//!
+//! A waiter stores (registers) then loads (the word, through `futex`); a release stores (the
+//! word) then loads (the count). Each side needs a full barrier between its store and its load,
+//! or both can miss the other and the waiter sleeps through the release. The slow paths have
+//! one (full fences around their read-modify-writes). The owner's release sequence has none,
+//! and needs none: after registering, a waiter that is about to sleep on a hold fences the
+//! lock's CPU once (the targeted `membarrier`, the requester's fence). A release sequence of
+//! that CPU that had not committed by then is aborted and, re-run, sees the count; one that
+//! had committed has its `FREE` visible to the waiter's next look; one that starts later sees
+//! the count. A release from any other CPU is not a sequence of the lock's CPU (the sequence
+//! checks the CPU) and takes the fenced path. So no waiter interrupts every CPU of the process
+//! (the `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` broadcast an earlier version used): at
+//! most the lock's CPU, once per wait, and only after spinning. If that fence fails, the waiter
+//! sleeps in steps of a millisecond instead of trusting a wake.
 //!
 //! # When it is not used
 //!
-//! The restartable sequence is x86-64 assembly and needs glibc's rseq registration and the
+//! The restartable sequences are x86-64 assembly and need glibc's rseq registration and the
 //! membarrier commands; when any is missing (another architecture, a kernel without rseq,
 //! `GLIBC_TUNABLES=glibc.pthread.rseq=0`, valgrind), every `RseqLock` of the process uses the
-//! atomic [`FairLock`] protocol instead, decided once on first use and
-//! reported by [`rseq::status`](crate::rseq::status) and [`RseqLock::kind`].
+//! atomic [`FairLock`] protocol instead, decided once on first use and reported by
+//! [`rseq::status`](crate::rseq::status) and [`RseqLock::kind`]. A thread of its own without a
+//! registration (it unregistered, or the kernel refused it) reads `cpu_id` -1 or -2, which no
+//! lock's CPU equals (the locks' own "no CPU" marks are positive), so its sequences never
+//! commit and it takes the requester's path.
 //!
 //! # What it may not do
 //!
 //! It has no [`RawRemoteLock`](crate::RawRemoteLock) impl: taking it from another CPU is
-//! correct but costs an inter-processor interrupt, so [`PerCpu::lock`](crate::PerCpu::lock),
-//! [`PerCpu::for_each_locked`](crate::PerCpu::for_each_locked) and remote-mode work do not
-//! compile for it, and [`Qpw::per_cpu_with`](crate::Qpw::per_cpu_with) refuses to make it
-//! for an instance with a remote-mode CPU. The paths that touch the word are therefore:
-//! `lock_local`/`try_lock_local` from threads of the CPU (the fast path; a thread that migrated
-//! picks its new CPU's lock), [`PerCpu::lock_work`](crate::PerCpu::lock_work) from the CPU's
-//! worker (pinned there), the release from wherever the holder now runs, and the fenced path
-//! for the rare thread that is bound to the CPU but runs elsewhere, and for
-//! [`PerCpu::read_each`](crate::PerCpu::read_each), the slow walk over every CPU for final
-//! sums.
+//! correct but costs an answer wait or an inter-processor interrupt, so
+//! [`PerCpu::lock`](crate::PerCpu::lock), [`PerCpu::for_each_locked`](crate::PerCpu::for_each_locked)
+//! and remote-mode work do not compile for it, and [`Qpw::per_cpu_with`](crate::Qpw::per_cpu_with)
+//! refuses to make it for an instance with a remote-mode CPU. The paths that touch the word are
+//! therefore: `lock_local`/`try_lock_local` from threads of the CPU (the fast path; a thread
+//! that migrated picks its new CPU's lock), [`PerCpu::lock_work`](crate::PerCpu::lock_work)
+//! from the CPU's worker (pinned there), the release from wherever the holder now runs, and
+//! the requester's path for the rare thread that is bound to the CPU but runs elsewhere, and
+//! for [`PerCpu::read_each`](crate::PerCpu::read_each), the slow walk over every CPU for final
+//! sums. [`FencedLock`](crate::FencedLock) is this lock with the remote capability.
 //!
 //! # Under loom
 //!
 //! The kernel is mocked, not the protocol. A sequence is three loom steps: *start* (check the
-//! CPU, take a mark), the *load* of the word, a free-standing loom atomic, and the *commit*;
-//! loom may run any other thread between any two of them. The commit stores `HELD` without
-//! looking at the word again, as the real store does; the only thing that keeps a commit whose
-//! load has gone stale from landing is an abort, and aborts come only from where the kernel's
-//! come: another sequence starting on the same CPU (the thread in flight there was preempted)
-//! and the CPU fence (its interrupt). Each lock counts those events under a loom mutex; the
-//! commit checks the count is still its start's and stores in the same step, as the kernel's
-//! abort, which moves the instruction pointer, makes them one.
+//! CPU, take a mark), the *load* (of the word, or for a release of the waiter count), a
+//! free-standing loom atomic, and the *commit*; loom may run any other thread between any two
+//! of them. The commit stores without looking at the word again, as the real store does; the
+//! only thing that keeps a commit whose load has gone stale from landing is an abort, and
+//! aborts come only from where the kernel's come: another sequence starting on the same CPU
+//! (the thread in flight there was preempted) and the CPU fence (its interrupt). Each lock
+//! counts those events under a loom mutex; the commit checks the count is still its start's
+//! and stores in the same step, as the kernel's abort, which moves the instruction pointer,
+//! makes them one.
 //!
 //! That mutex is taken only at points where the kernel synchronises with the CPU: a sequence's
 //! start and commit, and the fence's interrupt, which is a full barrier on the target CPU that
@@ -114,13 +162,18 @@
 //! passes on the caller's `CAS` only as the interrupt landing between two of the owner's
 //! instructions would. The commit's store is an ignored-result `swap` rather than a `store`, to
 //! step round loom 0.7 letting a plain store slip between the read and the write of a
-//! concurrent `CAS` (tokio-rs/loom#254); a thread's CPU is `rseq::mock::migrate_to`; `futex` is
-//! a loom condition variable checked under its mutex (the bucket lock); both sides of the
-//! asymmetric fence are `SeqCst` fences; and a waiter does not spin before sleeping (`SPINS`
-//! says why). `rseq::mock::with_mutation` leaves out the requester's fence or its check, so
-//! that the models can show they catch either loss.
+//! concurrent `CAS` (tokio-rs/loom#254); a thread's CPU is `rseq::mock::migrate_to`; `futex`
+//! is a loom condition variable checked under its mutex (the bucket lock), whose wake wakes
+//! one waiter, as `FUTEX_WAKE` with 1 does; the slow paths' full barriers are `SeqCst` fences
+//! (loom models those, not the ordering of `SeqCst` accesses); a requester's wait for an
+//! answer is one more look, which loom may place anywhere; and a waiter does not spin before
+//! sleeping (`SPINS` says why). `rseq::mock::with_mutation` leaves out one step at a time (the
+//! requester's fence or its check, the answer's CPU or epoch, the side mutex, the waiter's
+//! fence), so that the models can show they catch each loss.
 
 use std::fmt;
+#[cfg(not(loom))]
+use std::time::Instant;
 
 use crate::raw_lock::LocalAttempt;
 use crate::sync::{AtomicU32, Ordering};
@@ -129,20 +182,167 @@ use crate::{FairLock, RawLocalLock};
 const FREE: u32 = 0;
 const HELD: u32 = 1;
 const HANDOFF: u32 = 2;
+/// The low bits of a requester's flag; the flag's epoch sits above them.
 const FENCED: u32 = 3;
+const EPOCH_SHIFT: u32 = 2;
+const EPOCH_MASK: u32 = u32::MAX >> EPOCH_SHIFT;
 
-/// The CPU of a lock made by [`RseqLock::new`]: no CPU, so every acquisition is fenced.
-const NO_CPU: u32 = u32::MAX;
-/// The CPU of every lock in the fallback: the sequence never commits.
-const FALLBACK_CPU: u32 = u32::MAX - 1;
+/// The flag of `epoch`: `FENCED | epoch << 2`.
+#[inline]
+const fn flag(epoch: u32) -> u32 {
+    FENCED | ((epoch & EPOCH_MASK) << EPOCH_SHIFT)
+}
 
-/// Spins on a busy lock before sleeping. A few: spinning only pays when the holder runs on
-/// another CPU (a migrated holder, or a fenced taker). Under loom none: each spin is a loom
-/// yield, which loom's search never moves earlier, so a spin before a waiter's first attempt
-/// kept that attempt out of every window between an owner's load and its commit (the models
-/// then passed with the fence or the check removed). An attempt from the spin is the same
-/// `try_once` as one from the sleeping loop, so leaving it out loses no logic.
-const SPINS: u32 = if cfg!(loom) { 0 } else { 40 };
+/// Whether the word holds a requester's flag (of any epoch).
+#[inline]
+const fn is_flag(word: u32) -> bool {
+    word & FENCED == FENCED
+}
+
+/// The CPU of a lock made by [`RseqLock::new`]: no CPU, so no sequence ever commits and every
+/// acquisition takes the requester's path. Positive as an `i32`, so that no `cpu_id` the
+/// kernel writes equals it: -1 (`RSEQ_CPU_ID_UNINITIALIZED`, a thread that never registered or
+/// unregistered) and -2 (`RSEQ_CPU_ID_REGISTRATION_FAILED`) are negative, and real CPU
+/// numbers are far smaller (`NR_CPUS` is at most 8192).
+const NO_CPU: u32 = i32::MAX as u32;
+/// The CPU of every lock in the fallback: as [`NO_CPU`], no `cpu_id` equals it.
+const FALLBACK_CPU: u32 = NO_CPU - 1;
+
+/// How long a requester waits for the owner's answer before it fences the CPU, while answers
+/// come (0 after a wait that got none; see `RseqLock::ack_budget`). A fence costs the
+/// requester about 15-20 us on the development VM and the target an interrupt, so waiting a
+/// few microseconds for an owner that is busy on its lock is the better deal for both.
+#[cfg(not(loom))]
+const ACK_BUDGET_NS: u32 = 2_000;
+#[cfg(loom)]
+const ACK_BUDGET_NS: u32 = 1;
+
+/// How long a waiter spins on a lock that a requester's flag holds before it sleeps: the
+/// holder is a requester running on another CPU, in the middle of a drain (a few
+/// microseconds), so the owner keeps its CPU rather than sleep (a voluntary context switch
+/// on the very CPU the drain should leave alone).
+#[cfg(not(loom))]
+const FLAG_SPIN_NS: u64 = 50_000;
+/// How long a waiter that does not run on the lock's CPU spins on a lock an owner holds: the
+/// holder most likely runs on its CPU and will release within its short critical section.
+#[cfg(not(loom))]
+const REMOTE_SPIN_NS: u64 = 10_000;
+
+/// Spins on a busy lock before sleeping, for a waiter on the lock's own CPU: a few, as the
+/// holder of a `HELD` word it can see is most likely a preempted thread of that CPU that
+/// needs the CPU back. Under loom no spin at all: each spin is a loom yield, which loom's
+/// search never moves earlier, so a spin before a waiter's first attempt kept that attempt out
+/// of every window between an owner's load and its commit (the models then passed with the
+/// fence or the check removed). An attempt from the spin is the same `try_once` as one from
+/// the sleeping loop, so leaving it out loses no logic.
+#[cfg(not(loom))]
+const SPINS: u32 = 40;
+
+/// When a sleeping waiter could not order its registration against the lock's CPU (its fence
+/// failed), it sleeps at most this long between looks at the word.
+#[cfg(not(loom))]
+const UNORDERED_SLEEP: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// Whether requesters wait for owners' answers before they fence (see [`set_acks`]).
+#[cfg(not(loom))]
+static ACKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the owners' answers on or off for every requester of the process (on by default):
+/// with them off, a requester on another CPU always fences the lock's CPU with `membarrier`
+/// after raising its flag, as the protocol did before answers existed. For measurements and
+/// tests that compare the two; exclusion holds either way. Owners still answer (their path
+/// does not change).
+///
+/// ```
+/// qpw_core::fenced_lock::set_acks(false);
+/// assert!(!qpw_core::fenced_lock::acks());
+/// qpw_core::fenced_lock::set_acks(true);
+/// ```
+pub fn set_acks(on: bool) {
+    #[cfg(not(loom))]
+    ACKS.store(on, std::sync::atomic::Ordering::Relaxed);
+    #[cfg(loom)]
+    crate::rseq::mock::set_acks(on);
+}
+
+/// Whether requesters wait for owners' answers before they fence ([`set_acks`]).
+pub fn acks() -> bool {
+    #[cfg(not(loom))]
+    {
+        ACKS.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    #[cfg(loom)]
+    {
+        crate::rseq::mock::acks()
+    }
+}
+
+/// How the flags raised by this process's requesters were settled, since it started
+/// ([`fence_counts`]): what a fenced drain cost the CPUs it drained.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FenceCounts {
+    /// Settled by the owner's answer: no fence, no interrupt on the owner's CPU.
+    pub answered: u64,
+    /// Settled by a `membarrier` fence of the owner's CPU (an interrupt there, if a thread of
+    /// the process ran on it).
+    pub fenced: u64,
+    /// An owner's sequence committed over the flag before it was settled: the requester
+    /// waited for that holder instead.
+    pub overtaken: u64,
+}
+
+impl FenceCounts {
+    /// The counts since `earlier`.
+    pub fn since(&self, earlier: &FenceCounts) -> FenceCounts {
+        FenceCounts {
+            answered: self.answered.saturating_sub(earlier.answered),
+            fenced: self.fenced.saturating_sub(earlier.fenced),
+            overtaken: self.overtaken.saturating_sub(earlier.overtaken),
+        }
+    }
+}
+
+#[cfg(not(loom))]
+static COUNTS: [std::sync::atomic::AtomicU64; 3] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
+/// How this process's requesters have settled their flags so far (process-wide, all
+/// [`RseqLock`]s and [`FencedLock`](crate::FencedLock)s): answered by the owner, fenced, or
+/// overtaken by an owner. Take two readings and [`FenceCounts::since`] to see what a drain
+/// cost.
+///
+/// ```
+/// let before = qpw_core::fenced_lock::fence_counts();
+/// // ... drains ...
+/// let cost = qpw_core::fenced_lock::fence_counts().since(&before);
+/// println!("{} fences, {} answers", cost.fenced, cost.answered);
+/// ```
+pub fn fence_counts() -> FenceCounts {
+    #[cfg(not(loom))]
+    {
+        let get = |i: usize| COUNTS[i].load(std::sync::atomic::Ordering::Relaxed);
+        FenceCounts {
+            answered: get(0),
+            fenced: get(1),
+            overtaken: get(2),
+        }
+    }
+    #[cfg(loom)]
+    {
+        FenceCounts::default()
+    }
+}
+
+/// Counts one settled flag (slow path only): 0 answered, 1 fenced, 2 overtaken.
+#[inline]
+fn count(_which: usize) {
+    #[cfg(not(loom))]
+    COUNTS[_which].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
 
 /// Which protocol a lock uses in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -173,16 +373,29 @@ impl fmt::Display for LocalLockKind {
     }
 }
 
-/// The outcome of one restartable sequence.
+/// The outcome of one restartable sequence that tries to take the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Section {
     /// Committed: the lock is ours.
     Acquired,
-    /// The word was not `FREE`.
-    Busy,
+    /// The word was not `FREE`: it held this value, read on the lock's CPU inside the
+    /// sequence (what an owner's answer to a flag publishes).
+    Busy(u32),
     /// The thread does not run on the lock's CPU (or has no rseq registration).
     WrongCpu,
     /// The kernel aborted the sequence (preemption, migration, signal): try again.
+    Aborted,
+}
+
+/// The outcome of one restartable sequence that tries to release the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Release {
+    /// Committed `FREE`, with no waiter registered.
+    Done,
+    /// A waiter is registered, or the thread does not run on the lock's CPU: release with the
+    /// slow path's full fences.
+    Slow,
+    /// The kernel aborted the sequence: try again.
     Aborted,
 }
 
@@ -207,17 +420,31 @@ enum Section {
 /// ```
 pub struct RseqLock {
     word: AtomicU32,
+    /// Registered waiters.
     waiters: AtomicU32,
     /// The physical CPU whose threads may commit plain stores to `word`; `FALLBACK_CPU` in the
-    /// fallback, which no `cpu_id` ever equals, so that the hot path can run the sequence
-    /// first and look at `fallback` only when it fails.
+    /// fallback and `NO_CPU` for a lock of no CPU, which no `cpu_id` ever equals, so that the
+    /// hot path can run the sequence first and look at `fallback` only when it fails.
     cpu: u32,
     /// This process uses the `FairLock` protocol ([`RseqLock::kind`]); kept in the lock so
     /// that the hot path reads its own cache line, not a global.
     fallback: bool,
     /// The whole lock when the process falls back; otherwise the side mutex that lets one
-    /// taker from another CPU at a time through the fenced path.
+    /// requester from another CPU at a time raise and settle a flag.
     fair: FairLock,
+    /// The epoch of the last flag raised, advanced under the side mutex (which is what keeps
+    /// two requesters from raising flags of one epoch).
+    epoch: AtomicU32,
+    /// How long the next requester waits for an answer before it fences, in nanoseconds:
+    /// [`ACK_BUDGET_NS`] while owners answer, 0 after a wait that got no answer, and back
+    /// up as soon as an answer is seen again (after a fence, or during the hold).
+    ack_budget: AtomicU32,
+    /// The last flag an owner's sequence found in the word, published by the owner after the
+    /// sequence: the answer a requester waits for. On the word's cache line, not one of its
+    /// own: the requester polls the word too (an owner may commit over the flag), the owner
+    /// writes the answer once per flag, and a line of its own would push the slot's data off
+    /// the lock's line on every operation of the owner.
+    ack: AtomicU32,
     #[cfg(loom)]
     mock: loom_mock::Cpu,
 }
@@ -256,7 +483,7 @@ impl RseqLock {
     }
 
     /// One restartable sequence: if the thread runs on the lock's CPU and the word is `FREE`,
-    /// commit `HELD`.
+    /// commit `HELD`; if it is not, say what it held.
     #[cfg(all(not(loom), target_arch = "x86_64"))]
     #[inline(always)]
     fn section(&self) -> Section {
@@ -265,24 +492,26 @@ impl RseqLock {
         };
         let word = self.word.as_ptr();
         let outcome: u32;
-        // SAFETY: (1) `area` is the calling thread's registered `struct rseq` (the lock is
-        // used only when glibc registered one: `lock_available`), so `cpu_id` at offset 4 and
-        // `rseq_cs` at offset 8 are in bounds, and the thread may write `rseq_cs` (it is the
-        // field through which user space arms a sequence); a thread whose own registration
-        // failed has `cpu_id` -1 or -2, which never equals a CPU number, so it never enters
-        // the sequence's store. (2) The descriptor (`struct rseq_cs`: version 0, flags 0,
-        // start_ip, post_commit_offset, abort_ip) is emitted 32-byte aligned into the
-        // writable `__rseq_cs` section and lives for the whole program; the kernel reads it
-        // only while `rseq_cs` points at it. (3) The abort handler is outside
-        // [start_ip, start_ip + post_commit_offset) and is preceded by the 4-byte signature
-        // glibc registered (RSEQ_SIG, 0x53053053, encoded as the operand of a `ud1` so that
-        // disassemblers stay in step), as the kernel checks before jumping to it. (4) `word`
-        // points to this lock's `AtomicU32`, live for `&self`; the sequence's 4-byte `mov`
-        // load and store are single-copy atomic, and the protocol (module docs) guarantees no
-        // other store to the word can race with the committing store. (5) No stack is used;
-        // flags are clobbered (declared by default); every path ends at label 9 with
-        // `outcome` set: the commit falls through to it, and the out-of-line exits (in
-        // `__rseq_failure`, outside the sequence's range like the abort handler) jump back.
+        let seen: u32;
+        // SAFETY: (1) `area` is the calling thread's `struct rseq` as glibc registered it (the
+        // lock is used only when glibc registered one: `lock_available`), so `cpu_id` at
+        // offset 4 and `rseq_cs` at offset 8 are in bounds, and the thread may write `rseq_cs`
+        // (it is the field through which user space arms a sequence); a thread without a
+        // registration (it never had one, or unregistered) has `cpu_id` -1 or -2, which no
+        // lock's `cpu` equals (`NO_CPU`), so it never reaches the sequence's store. (2) The
+        // descriptor (`struct rseq_cs`: version 0, flags 0, start_ip, post_commit_offset,
+        // abort_ip) is emitted 32-byte aligned into the writable `__rseq_cs` section and lives
+        // for the whole program; the kernel reads it only while `rseq_cs` points at it. (3)
+        // The abort handler is outside [start_ip, start_ip + post_commit_offset) and is
+        // preceded by the 4-byte signature glibc registered (RSEQ_SIG, 0x53053053, encoded as
+        // the operand of a `ud1` so that disassemblers stay in step), as the kernel checks
+        // before jumping to it. (4) `word` points to this lock's `AtomicU32`, live for
+        // `&self`; the sequence's 4-byte `mov` load and store are single-copy atomic, and the
+        // protocol (module docs) guarantees no other store to the word can race with the
+        // committing store. (5) No stack is used; flags are clobbered (declared by default);
+        // every path ends at label 9 with `outcome` set: the commit falls through to it, and
+        // the out-of-line exits (in `__rseq_failure`, outside the sequence's range like the
+        // abort handler) jump back.
         unsafe {
             std::arch::asm!(
                 // The descriptor the kernel consults on preemption.
@@ -301,9 +530,11 @@ impl RseqLock {
                 "4:",
                 "cmp dword ptr [{area} + 4], {cpu:e}",
                 "jne 7f",
-                // Is the word FREE?
-                "cmp dword ptr [{word}], 0",
-                "jne 8f",
+                // Is the word FREE? (Loaded inside the sequence, so that a busy word is known
+                // to have been read on the lock's CPU: what an answer to a flag needs.)
+                "mov {seen:e}, dword ptr [{word}]",
+                "test {seen:e}, {seen:e}",
+                "jnz 8f",
                 // Commit: the last instruction of the sequence.
                 "mov dword ptr [{word}], 1",
                 // post_commit_ip: the fast path falls through to the end.
@@ -328,15 +559,77 @@ impl RseqLock {
                 cpu = in(reg) self.cpu,
                 word = in(reg) word,
                 tmp = out(reg) _,
+                seen = out(reg) seen,
                 out = out(reg) outcome,
                 options(nostack),
             );
         }
         match outcome {
             0 => Section::Acquired,
-            1 => Section::Busy,
+            1 => Section::Busy(seen),
             2 => Section::WrongCpu,
             _ => Section::Aborted,
+        }
+    }
+
+    /// One restartable sequence that releases the lock: if the thread runs on the lock's CPU
+    /// and no waiter is registered, commit `FREE`.
+    #[cfg(all(not(loom), target_arch = "x86_64"))]
+    #[inline(always)]
+    fn release_section(&self) -> Release {
+        let Some(area) = crate::rseq::area() else {
+            return Release::Slow;
+        };
+        let outcome: u32;
+        // SAFETY: as in `section`, points (1), (2), (3) and (5), for a second descriptor;
+        // (4) `word` and `waiters` point to this lock's atomics, live for `&self`; the caller
+        // holds the lock, so no other party stores to the word (module docs), and the
+        // committing store is a plain 4-byte `mov` (a release store on x86-64, after the
+        // critical section's accesses, which the asm block's memory clobber keeps before it).
+        unsafe {
+            std::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "xor {out:e}, {out:e}",
+                "lea {tmp}, [rip + 3b]",
+                "mov qword ptr [{area} + 8], {tmp}",
+                // start_ip: on the lock's CPU, with nobody waiting?
+                "4:",
+                "cmp dword ptr [{area} + 4], {cpu:e}",
+                "jne 7f",
+                "cmp dword ptr [{waiters}], 0",
+                "jne 7f",
+                // Commit FREE.
+                "mov dword ptr [{word}], 0",
+                "5:",
+                ".pushsection __rseq_failure, \"ax\"",
+                "7:",
+                "mov {out:e}, 1",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long 0x53053053",
+                "6:",
+                "mov {out:e}, 2",
+                "jmp 9f",
+                ".popsection",
+                "9:",
+                area = in(reg) area,
+                cpu = in(reg) self.cpu,
+                word = in(reg) self.word.as_ptr(),
+                waiters = in(reg) self.waiters.as_ptr(),
+                tmp = out(reg) _,
+                out = out(reg) outcome,
+                options(nostack),
+            );
+        }
+        match outcome {
+            0 => Release::Done,
+            1 => Release::Slow,
+            _ => Release::Aborted,
         }
     }
 
@@ -348,6 +641,13 @@ impl RseqLock {
         Section::WrongCpu
     }
 
+    /// As `section`.
+    #[cfg(all(not(loom), not(target_arch = "x86_64")))]
+    #[inline(always)]
+    fn release_section(&self) -> Release {
+        Release::Slow
+    }
+
     /// The mocked sequence (module docs, "Under loom"): three loom steps, so that loom can
     /// run any other thread between the load and the commit, and only an abort stops a commit
     /// whose load has gone stale.
@@ -357,88 +657,266 @@ impl RseqLock {
             return Section::WrongCpu;
         }
         let started = self.mock.start();
-        if self.word.load(Ordering::Acquire) != FREE {
-            return Section::Busy;
+        let seen = self.word.load(Ordering::Acquire);
+        if seen != FREE {
+            return Section::Busy(seen);
         }
         // The commit does not look at the word again: the store goes in whatever it holds
         // now, as the kernel's would, unless the sequence was aborted since `start`.
-        if self.mock.commit(started, &self.word, HELD) {
+        if self
+            .mock
+            .commit(started, &self.word, HELD, Ordering::Relaxed)
+        {
             Section::Acquired
         } else {
             Section::Aborted
         }
     }
 
-    /// Runs the sequence until it is not aborted.
+    /// The mocked release sequence: start, the load of the waiter count, the commit.
+    #[cfg(loom)]
+    fn release_section(&self) -> Release {
+        if crate::rseq::mock::current() != Some(self.cpu as usize) {
+            return Release::Slow;
+        }
+        let started = self.mock.start();
+        if self.waiters.load(Ordering::Relaxed) != 0 {
+            return Release::Slow;
+        }
+        if self
+            .mock
+            .commit(started, &self.word, FREE, Ordering::Release)
+        {
+            Release::Done
+        } else {
+            Release::Aborted
+        }
+    }
+
+    /// Runs the sequence until it is not aborted, and answers a requester's flag it found.
     #[inline]
-    fn section_retrying(&self) -> Section {
+    fn section_answering(&self) -> Section {
         loop {
             match self.section() {
                 Section::Aborted => continue,
+                Section::Busy(seen) => {
+                    if is_flag(seen) {
+                        self.answer(seen);
+                    }
+                    return Section::Busy(seen);
+                }
                 outcome => return outcome,
             }
         }
     }
 
-    /// One attempt from wherever the thread runs: the sequence, or the fenced path.
+    /// The owner's answer: a sequence of the lock's CPU read `flag` (module docs, "The
+    /// answer"). Stored only when it changes, so that an owner spinning on a flag does not
+    /// keep taking the line from the requester that polls it.
+    #[cold]
+    fn answer(&self, flag: u32) {
+        #[cfg(loom)]
+        let flag = match crate::rseq::mock::mutation() {
+            crate::rseq::mock::Mutation::AckWithoutEpoch => FENCED,
+            _ => flag,
+        };
+        if self.ack.load(Ordering::Relaxed) != flag {
+            self.ack.store(flag, Ordering::Release);
+        }
+    }
+
+    /// Whether the requester of `flag` may stop waiting: an owner answered it, or a sequence
+    /// committed over it (the requester then lost, and will wait for that holder).
+    #[inline]
+    fn answered(&self, flag: u32) -> bool {
+        if !acks() {
+            return self.word.load(Ordering::Relaxed) != flag;
+        }
+        let ack = self.ack.load(Ordering::Acquire);
+        #[cfg(loom)]
+        if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::AckWithoutEpoch {
+            return is_flag(ack) || self.word.load(Ordering::Relaxed) != flag;
+        }
+        ack == flag || self.word.load(Ordering::Relaxed) != flag
+    }
+
+    /// One attempt from wherever the thread runs: the sequence, or the requester's path.
     fn try_once(&self) -> bool {
-        match self.section_retrying() {
+        match self.section_answering() {
             Section::Acquired => true,
-            Section::Busy => false,
+            Section::Busy(_) => false,
             Section::WrongCpu | Section::Aborted => self.try_fenced(),
         }
     }
 
-    /// The acquisition from another CPU: `CAS` to `FENCED`, fence the lock's CPU, check.
-    #[cold]
-    fn try_fenced(&self) -> bool {
-        if self.word.load(Ordering::Relaxed) != FREE {
-            return false;
+    /// Takes the side mutex (under loom a model may leave it out: `Mutation::NoSideMutex`).
+    fn side_lock(&self) {
+        #[cfg(loom)]
+        if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::NoSideMutex {
+            return;
         }
         self.fair.lock();
-        let won =
-            match self
-                .word
-                .compare_exchange(FREE, FENCED, Ordering::Acquire, Ordering::Relaxed)
-            {
-                Ok(_) => {
-                    self.fence_cpu();
-                    // Still ours, or did a sequence of that CPU commit over it before the fence?
-                    self.still_fenced()
-                }
-                Err(_) => false,
-            };
-        // SAFETY: taken just above, by this thread.
-        unsafe { self.fair.unlock() };
-        won
     }
 
-    /// The check after the fence: the word still reads `FENCED`, so no sequence committed
-    /// over our flag. (Under loom a model may leave the check out: `rseq::mock::Mutation`.)
+    fn side_unlock(&self) {
+        #[cfg(loom)]
+        if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::NoSideMutex {
+            return;
+        }
+        // SAFETY: taken by `side_lock` in this thread (every `raise` that returns a flag is
+        // settled or backed out by the same thread, which unlocks once).
+        unsafe { self.fair.unlock() };
+    }
+
+    /// The acquisition from another CPU: raise a flag, wait for the owner's answer, fence the
+    /// CPU if none came, check.
+    #[cold]
+    fn try_fenced(&self) -> bool {
+        let Some(flag) = self.raise() else {
+            return false;
+        };
+        let waited = self.wait_for_answer(flag);
+        self.settle(flag, waited)
+    }
+
+    /// Raises a flag of a new epoch if the word is `FREE`, and keeps the side mutex until the
+    /// flag is settled. `None` (side mutex released) when the word is not free.
+    fn raise(&self) -> Option<u32> {
+        if self.word.load(Ordering::Relaxed) != FREE {
+            return None;
+        }
+        self.side_lock();
+        let epoch = self.epoch.load(Ordering::Relaxed).wrapping_add(1) & EPOCH_MASK;
+        self.epoch.store(epoch, Ordering::Relaxed);
+        let flag = flag(epoch);
+        match self
+            .word
+            .compare_exchange(FREE, flag, Ordering::Acquire, Ordering::Relaxed)
+        {
+            Ok(_) => Some(flag),
+            Err(_) => {
+                self.side_unlock();
+                None
+            }
+        }
+    }
+
+    /// How long a requester waits for an answer now: nothing for a lock of no CPU (no owner
+    /// can answer, and none needs fencing) or with answers off.
+    fn budget(&self) -> u32 {
+        if self.cpu >= FALLBACK_CPU || !acks() {
+            0
+        } else {
+            self.ack_budget.load(Ordering::Relaxed)
+        }
+    }
+
+    /// Waits up to the budget for the answer to `flag`. Returns whether it waited at all
+    /// (for the budget's adaptation in `settle`).
+    fn wait_for_answer(&self, flag: u32) -> bool {
+        let budget = self.budget();
+        if budget == 0 || self.answered(flag) {
+            return false;
+        }
+        #[cfg(not(loom))]
+        {
+            let start = Instant::now();
+            let mut spins = 0u32;
+            while !self.answered(flag) {
+                crate::sync::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins % 16 == 0 && start.elapsed().as_nanos() >= u128::from(budget) {
+                    break;
+                }
+            }
+        }
+        // Under loom time does not pass: one more look, which loom may place anywhere.
+        #[cfg(loom)]
+        let _ = self.answered(flag);
+        true
+    }
+
+    /// Settles a raised flag: fences the lock's CPU unless the owner answered (or committed
+    /// over the flag), then checks that the flag is still in the word. Returns whether the
+    /// lock is ours; either way the side mutex is released. Adapts the answer budget to what
+    /// came: up when an answer is seen, 0 after a wait that got none.
+    ///
+    /// # Panics
+    ///
+    /// When the fence fails (`membarrier` returned an error): the lock cannot be taken
+    /// safely, so the flag is backed out first, and nothing is held.
+    fn settle(&self, flag: u32, waited: bool) -> bool {
+        let answered = self.answered(flag);
+        if !answered && self.cpu < FALLBACK_CPU {
+            if let Err(e) = self.requester_fence() {
+                self.back_out(flag);
+                self.side_unlock();
+                fence_failed(self.cpu, &e);
+            }
+            count(1);
+        }
+        if self.ack.load(Ordering::Relaxed) == flag {
+            self.ack_budget.store(ACK_BUDGET_NS, Ordering::Relaxed);
+        } else if waited {
+            self.ack_budget.store(0, Ordering::Relaxed);
+        }
+        let held = self.still_flagged(flag);
+        if !held {
+            count(2);
+        } else if answered && self.cpu < FALLBACK_CPU {
+            count(0);
+        }
+        self.side_unlock();
+        held
+    }
+
+    /// Takes a flag that could not be settled out of the word, so that nothing is left held:
+    /// the word goes back to `FREE` unless a sequence committed over the flag (then that
+    /// owner holds the lock, as it would have anyway). A waiter asleep on the flag is woken.
+    fn back_out(&self, flag: u32) {
+        if self
+            .word
+            .compare_exchange(flag, FREE, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+        {
+            full_fence();
+            if self.waiters.load(Ordering::SeqCst) != 0 {
+                self.futex_wake();
+            }
+        }
+    }
+
+    /// The check after the answer or the fence: the word still holds our flag, so no sequence
+    /// committed over it. (Under loom a model may leave the check out: `Mutation::SkipCheck`.)
     #[inline]
-    fn still_fenced(&self) -> bool {
+    fn still_flagged(&self, flag: u32) -> bool {
         #[cfg(loom)]
         if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::SkipCheck {
             return true;
         }
-        self.word.load(Ordering::Acquire) == FENCED
+        self.word.load(Ordering::Acquire) == flag
     }
 
     /// Aborts the sequences running on the lock's CPU and orders our stores before later ones.
     #[cfg(not(loom))]
-    fn fence_cpu(&self) {
-        if crate::rseq::fence_cpu(self.cpu as usize).is_err() {
-            // No such CPU (a lock made by `new`) or the CPU-targeted form refused: fence every
-            // CPU instead (the same command without MEMBARRIER_CMD_FLAG_CPU).
-            crate::rseq::fence_all_cpus();
-        }
+    fn fence_cpu(&self) -> std::io::Result<()> {
+        crate::rseq::fence_cpu(self.cpu as usize)
     }
 
     #[cfg(loom)]
-    fn fence_cpu(&self) {
-        if crate::rseq::mock::mutation() != crate::rseq::mock::Mutation::SkipFence {
-            self.mock.fence();
+    fn fence_cpu(&self) -> std::io::Result<()> {
+        self.mock.fence();
+        Ok(())
+    }
+
+    /// The requester's fence, in `settle` (under loom a model may leave it out:
+    /// `Mutation::SkipFence`).
+    fn requester_fence(&self) -> std::io::Result<()> {
+        #[cfg(loom)]
+        if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::SkipFence {
+            return Ok(());
         }
+        self.fence_cpu()
     }
 
     /// Everything but an uncontended acquisition on the lock's CPU: an aborted sequence is
@@ -451,30 +929,90 @@ impl RseqLock {
             self.fair.lock();
             return LocalAttempt::Locked;
         }
-        match self.section_retrying() {
+        match self.section_answering() {
             Section::Acquired => LocalAttempt::Locked,
             Section::WrongCpu if elsewhere_gives_up => LocalAttempt::Elsewhere,
+            Section::WrongCpu if self.try_fenced() => LocalAttempt::Locked,
             _ => {
-                self.lock_slow();
+                let taken = self.lock_slow(None);
+                debug_assert!(taken, "no deadline, so only a hold ends the wait");
                 LocalAttempt::Locked
             }
         }
     }
 
-    /// The contended acquisition: spin briefly, then register as a waiter and sleep.
-    // Under loom `SPINS` is 0, and clippy takes `0..0` for a mistake.
-    #[cfg_attr(loom, allow(clippy::reversed_empty_ranges))]
-    fn lock_slow(&self) {
-        for _ in 0..SPINS {
-            crate::sync::spin_loop();
-            if self.word.load(Ordering::Relaxed) == FREE && self.try_once() {
-                return;
+    /// Whether the calling thread runs on the lock's CPU now.
+    #[cfg(not(loom))]
+    fn runs_here(&self) -> bool {
+        crate::rseq::current_cpu() == Some(self.cpu as usize)
+    }
+
+    /// Spins while the holder is likely to release soon: for [`FLAG_SPIN_NS`] on a flag (a
+    /// requester in a drain, on another CPU), for [`REMOTE_SPIN_NS`] on an owner's hold seen
+    /// from another CPU, and [`SPINS`] times on an owner's hold seen from the lock's own CPU
+    /// (whose holder is then preempted, and needs the CPU). Returns whether it took the lock.
+    #[cfg(not(loom))]
+    fn spin(&self, deadline: Option<Instant>) -> bool {
+        let mut spins = 0u32;
+        let mut start: Option<Instant> = None;
+        let here = self.runs_here();
+        loop {
+            let seen = self.word.load(Ordering::Relaxed);
+            if seen == FREE && self.try_once() {
+                return true;
             }
+            spins += 1;
+            let limit_ns = if is_flag(seen) {
+                FLAG_SPIN_NS
+            } else if here {
+                if spins >= SPINS {
+                    return false;
+                }
+                u64::MAX
+            } else {
+                REMOTE_SPIN_NS
+            };
+            if spins % 16 == 0 {
+                let now = Instant::now();
+                let since = *start.get_or_insert(now);
+                if now.duration_since(since).as_nanos() >= u128::from(limit_ns)
+                    || deadline.is_some_and(|d| now >= d)
+                {
+                    return false;
+                }
+            }
+            crate::sync::spin_loop();
+        }
+    }
+
+    /// No spinning under loom (see [`SPINS`]).
+    #[cfg(loom)]
+    fn spin(&self, _deadline: Option<std::time::Instant>) -> bool {
+        false
+    }
+
+    /// The contended acquisition: spin while that may pay, then register as a waiter and
+    /// sleep until the holder's release hands the lock over. With a deadline, gives up then
+    /// and returns `false`.
+    fn lock_slow(&self, deadline: Option<std::time::Instant>) -> bool {
+        if self.spin(deadline) {
+            return true;
         }
         self.waiters.fetch_add(1, Ordering::SeqCst);
-        heavy_fence();
+        full_fence();
+        // Whether our registration is ordered against the release sequences of the lock's
+        // CPU (module docs, "Waiting"): needed before we sleep on a hold.
+        let mut ordered = false;
+        // Whether that ordering failed: then sleep in short steps rather than trust a wake.
+        let mut unordered = false;
         loop {
             let seen = self.word.load(Ordering::Acquire);
+            #[cfg(loom)]
+            if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::AckFromAnyThread
+                && is_flag(seen)
+            {
+                self.answer(seen);
+            }
             let won = match seen {
                 HANDOFF => self
                     .word
@@ -485,7 +1023,13 @@ impl RseqLock {
             };
             if won {
                 self.waiters.fetch_sub(1, Ordering::Relaxed);
-                return;
+                return true;
+            }
+            let held = seen == HELD || is_flag(seen);
+            if held && !ordered {
+                ordered = true;
+                unordered = !self.order_registration();
+                continue; // look again: the fence may have made a release visible
             }
             // Sleep only on a held word, whose holder's release will wake us (we are
             // registered). Not on `FREE`, which no release follows. Not on a `HANDOFF` we
@@ -493,26 +1037,116 @@ impl RseqLock {
             // `HANDOFF` again and wake before we sleep; `futex` would then find the value it
             // expects and sleep through that wake, with nobody left to release (loom found
             // this with two owner threads and a requester).
-            if seen == HELD || seen == FENCED {
-                self.futex_wait(seen);
+            let slept = if held {
+                self.futex_wait(seen, deadline, unordered)
+            } else {
+                deadline_open(deadline)
+            };
+            if !slept {
+                return self.give_up();
             }
         }
     }
 
+    /// Orders this waiter's registration against every release sequence of the lock's CPU
+    /// that has not committed yet: fences that CPU, so that a release sequence in flight is
+    /// aborted and re-run (and then sees the count), and one that committed has its `FREE`
+    /// visible to our next look. A lock of no CPU has no release sequences. `false` when the
+    /// fence failed.
+    fn order_registration(&self) -> bool {
+        #[cfg(loom)]
+        if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::SkipWaiterFence {
+            return true;
+        }
+        self.cpu >= FALLBACK_CPU || self.fence_cpu().is_ok()
+    }
+
+    /// A waiter's deadline has passed: deregister, and take a hand-over that a release made
+    /// to us meanwhile rather than strand it. Returns whether the lock is ours after all.
+    #[cold]
+    fn give_up(&self) -> bool {
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        full_fence();
+        self.word.load(Ordering::SeqCst) == HANDOFF
+            && self
+                .word
+                .compare_exchange(HANDOFF, HELD, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Every release but an uncontended one on the lock's CPU: from another CPU (a requester,
+    /// or a holder that migrated), or with a waiter to hand over to. Full fences throughout,
+    /// so that a waiter registering anywhere either is seen here or sees the release (module
+    /// docs, "Waiting").
+    #[cold]
+    fn unlock_slow(&self) {
+        let word = self.word.load(Ordering::Relaxed);
+        if is_flag(word) && self.ack.load(Ordering::Relaxed) == word {
+            // A requester releases its flag, and an answer came while it held the lock: the
+            // owner is busy on it, so the next requester should wait for answers again.
+            self.ack_budget.store(ACK_BUDGET_NS, Ordering::Relaxed);
+        }
+        loop {
+            if self.waiters.load(Ordering::SeqCst) == 0 {
+                self.word.swap(FREE, Ordering::SeqCst);
+                full_fence();
+                if self.waiters.load(Ordering::SeqCst) != 0 {
+                    // A waiter registered as we released: it may have seen the word held.
+                    self.futex_wake();
+                }
+                return;
+            }
+            // Hand over to a sleeper: no thread can take `HANDOFF` but a registered waiter.
+            self.word.swap(HANDOFF, Ordering::SeqCst);
+            full_fence();
+            self.futex_wake();
+            if self.waiters.load(Ordering::SeqCst) != 0 {
+                return;
+            }
+            // Every waiter gave up at its deadline meanwhile: take the hand-over back, and
+            // release it to whoever comes next (unless a waiter claimed it after all).
+            if self
+                .word
+                .compare_exchange(HANDOFF, HELD, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Sleeps while the word holds `expected`, at most until `deadline` (and, when the
+    /// registration could not be ordered, at most [`UNORDERED_SLEEP`]). `false` when the
+    /// deadline has passed.
     #[cfg(not(loom))]
-    fn futex_wait(&self, expected: u32) {
+    fn futex_wait(&self, expected: u32, deadline: Option<Instant>, unordered: bool) -> bool {
+        let mut timeout = unordered.then_some(UNORDERED_SLEEP);
+        if let Some(deadline) = deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            timeout = Some(timeout.map_or(left, |t| t.min(left)));
+        }
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: t.subsec_nanos() as libc::c_long,
+        });
         // SAFETY: the word is a live, aligned 32-bit atomic for `&self`; FUTEX_WAIT_PRIVATE
         // only reads it (comparing with `expected` under the kernel's bucket lock) and sleeps;
-        // a null timeout means no timeout. EINTR and EAGAIN just send us round the loop again.
+        // the timeout, when given, points at `ts`, alive across the call (a relative time);
+        // null means no timeout. EINTR, EAGAIN and ETIMEDOUT just send us round the loop.
         unsafe {
             libc::syscall(
                 libc::SYS_futex,
                 self.word.as_ptr(),
                 libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
                 expected,
-                std::ptr::null::<libc::timespec>(),
+                ts.as_ref()
+                    .map_or(std::ptr::null(), |t| t as *const libc::timespec),
             );
         }
+        true
     }
 
     #[cfg(not(loom))]
@@ -530,8 +1164,14 @@ impl RseqLock {
     }
 
     #[cfg(loom)]
-    fn futex_wait(&self, expected: u32) {
+    fn futex_wait(
+        &self,
+        expected: u32,
+        _deadline: Option<std::time::Instant>,
+        _unordered: bool,
+    ) -> bool {
         self.mock.futex_wait(&self.word, expected);
+        true
     }
 
     #[cfg(loom)]
@@ -540,36 +1180,137 @@ impl RseqLock {
     }
 }
 
-/// The heavy side of the waiter handshake (module docs).
+/// The full barrier between a store and a load of the waiter handshake (a registration and
+/// its look at the word; a release and its look at the count). On x86-64 the locked
+/// read-modify-write before it already is one, and this costs an `mfence` on slow paths only;
+/// it is written out so that the argument holds in the language's memory model, where a
+/// `SeqCst` read-modify-write followed by a load is not enough for loom (which treats `SeqCst`
+/// accesses as acquire-release and models only `SeqCst` fences in full).
 #[inline]
-fn heavy_fence() {
-    #[cfg(not(loom))]
-    crate::rseq::heavy_fence();
-    #[cfg(loom)]
+fn full_fence() {
     crate::sync::fence(Ordering::SeqCst);
 }
 
-/// The light side: free on the hardware, given the heavy side's barrier on every CPU.
-#[inline(always)]
-fn light_fence() {
+/// Whether a waiter's deadline (if any) is still ahead.
+fn deadline_open(deadline: Option<std::time::Instant>) -> bool {
     #[cfg(not(loom))]
-    std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    {
+        deadline.is_none_or(|d| Instant::now() < d)
+    }
     #[cfg(loom)]
-    crate::sync::fence(Ordering::SeqCst);
+    {
+        let _ = deadline;
+        true
+    }
+}
+
+/// A requester's CPU fence failed: exclusion cannot be had, and the flag has been backed out.
+#[cold]
+#[inline(never)]
+fn fence_failed(cpu: u32, error: &std::io::Error) -> ! {
+    panic!(
+        "qpw: the lock of cpu {cpu} cannot be taken from another CPU: its fence, \
+         membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, {cpu}), \
+         failed: {error}; nothing was taken (without the fence a restartable sequence on cpu \
+         {cpu} could still commit)"
+    )
+}
+
+/// The rseq locks' part of a walk over many CPUs' locks (`PerCpu::for_each_locked`): takes
+/// every lock of `locks` (by index; `None` entries are not rseq locks and are left alone)
+/// that it can without waiting on a holder, raising all their flags first, then waiting for
+/// the owners' answers together and fencing only the CPUs that did not answer. Returns, per
+/// entry, whether the lock is now held by the caller; the others must be taken the ordinary
+/// way (an owner held them, or committed over the flag).
+///
+/// # Panics
+///
+/// When a fence fails, after backing out every flag not yet settled and releasing every lock
+/// already taken: nothing is left held.
+pub(crate) fn take_flags(locks: &[Option<&RseqLock>]) -> Vec<bool> {
+    // 1. Raise: a sequence where we run on the lock's CPU, a flag elsewhere.
+    let mut held = vec![false; locks.len()];
+    let mut raised: Vec<(usize, u32)> = Vec::new();
+    for (i, lock) in locks.iter().enumerate() {
+        let Some(lock) = lock else { continue };
+        if lock.fallback() {
+            continue;
+        }
+        match lock.section_answering() {
+            Section::Acquired => held[i] = true,
+            Section::Busy(_) | Section::Aborted => {}
+            Section::WrongCpu => {
+                if let Some(flag) = lock.raise() {
+                    raised.push((i, flag));
+                }
+            }
+        }
+    }
+    // 2. Wait for the answers together, up to the longest budget among them.
+    #[cfg(not(loom))]
+    {
+        let budget = raised
+            .iter()
+            .filter_map(|&(i, _)| locks[i].map(RseqLock::budget))
+            .max()
+            .unwrap_or(0);
+        if budget > 0 {
+            let start = Instant::now();
+            let mut spins = 0u32;
+            while raised
+                .iter()
+                .any(|&(i, flag)| locks[i].is_some_and(|l| !l.answered(flag)))
+            {
+                crate::sync::spin_loop();
+                spins = spins.wrapping_add(1);
+                if spins % 16 == 0 && start.elapsed().as_nanos() >= u128::from(budget) {
+                    break;
+                }
+            }
+        }
+    }
+    // 3. Fence the CPUs that did not answer, and check each flag.
+    let mut failure = None;
+    for (n, &(i, flag)) in raised.iter().enumerate() {
+        let Some(lock) = locks[i] else { continue };
+        if failure.is_some() {
+            lock.back_out(flag);
+            lock.side_unlock();
+            continue;
+        }
+        let waited = lock.budget() > 0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lock.settle(flag, waited))) {
+            Ok(taken) => held[i] = taken,
+            Err(payload) => failure = Some((n, payload)),
+        }
+    }
+    if let Some((_, payload)) = failure {
+        for (i, lock) in locks.iter().enumerate() {
+            if held[i] {
+                if let Some(lock) = lock {
+                    // SAFETY: taken above by this thread.
+                    unsafe { lock.unlock() };
+                }
+            }
+        }
+        std::panic::resume_unwind(payload);
+    }
+    held
 }
 
 // SAFETY: exclusion and hand-over, as argued in the module docs: (1) every store that takes
 // the lock starts from `FREE` and is either a committed restartable sequence of the lock's CPU
 // (mutually exclusive among themselves, since the kernel aborts one preempted between its load
-// and its store) or a `CAS` to `FENCED` validated after a fence of that CPU; (2) in every other
-// state only the holder (release) or one waiter (`CAS` from `HANDOFF`) stores; (3) each
-// acquisition reads the word with acquire ordering the value a release stored with release
-// ordering. In the fallback every operation forwards to `FairLock`, one for one.
+// and its store) or a `CAS` to a flag of a new epoch, settled by an owner's answer or a fence
+// of that CPU and then checked; (2) in every other state only the holder (release, itself a
+// sequence of the lock's CPU or a full-fenced store) or one waiter (`CAS` from `HANDOFF`)
+// stores; (3) each acquisition reads the word with acquire ordering the value a release stored
+// with release ordering. In the fallback every operation forwards to `FairLock`, one for one.
 unsafe impl RawLocalLock for RseqLock {
     const OWN_CPU_ONLY: bool = true;
 
-    /// A lock of no CPU: every acquisition takes the fenced path. Use
-    /// [`for_cpu`](RawLocalLock::for_cpu).
+    /// A lock of no CPU: every acquisition takes the requester's path (a `CAS`, no fence: no
+    /// sequence can commit on it). Use [`for_cpu`](RawLocalLock::for_cpu).
     fn new() -> Self {
         Self::for_cpu(NO_CPU as usize)
     }
@@ -582,10 +1323,16 @@ unsafe impl RawLocalLock for RseqLock {
             cpu: if fallback {
                 FALLBACK_CPU
             } else {
-                u32::try_from(phys).unwrap_or(NO_CPU)
+                u32::try_from(phys)
+                    .ok()
+                    .filter(|&c| c < FALLBACK_CPU)
+                    .unwrap_or(NO_CPU)
             },
             fallback,
             fair: FairLock::new(),
+            epoch: AtomicU32::new(0),
+            ack_budget: AtomicU32::new(ACK_BUDGET_NS),
+            ack: AtomicU32::new(FREE),
             #[cfg(loom)]
             mock: loom_mock::Cpu::new(),
         }
@@ -602,12 +1349,21 @@ unsafe impl RawLocalLock for RseqLock {
 
     #[inline]
     fn try_lock(&self) -> bool {
-        match self.section_retrying() {
+        match self.section_answering() {
             Section::Acquired => true,
-            Section::Busy => false,
+            Section::Busy(_) => false,
             _ if self.fallback() => self.fair.try_lock(),
             _ => self.try_fenced(),
         }
+    }
+
+    /// Waits on the futex until the deadline, as `lock` does without one: a requester raises
+    /// its flag and fences (or gets the owner's answer) once, not at every look.
+    fn try_lock_until(&self, deadline: std::time::Instant) -> bool {
+        if self.fallback() {
+            return self.fair.try_lock_until(deadline);
+        }
+        self.try_once() || self.lock_slow(Some(deadline))
     }
 
     #[inline]
@@ -616,17 +1372,12 @@ unsafe impl RawLocalLock for RseqLock {
             // SAFETY: the caller holds the lock, which in the fallback is `fair` itself.
             return unsafe { self.fair.unlock() };
         }
-        if self.waiters.load(Ordering::Relaxed) != 0 {
-            // Hand over to a sleeper: no thread can take `HANDOFF` but a registered waiter.
-            self.word.store(HANDOFF, Ordering::Release);
-            self.futex_wake();
-            return;
-        }
-        self.word.store(FREE, Ordering::Release);
-        light_fence();
-        if self.waiters.load(Ordering::Relaxed) != 0 {
-            // A waiter registered as we released: it may have seen the word still held.
-            self.futex_wake();
+        loop {
+            match self.release_section() {
+                Release::Done => return,
+                Release::Aborted => continue,
+                Release::Slow => return self.unlock_slow(),
+            }
         }
     }
 
@@ -637,6 +1388,11 @@ unsafe impl RawLocalLock for RseqLock {
             return LocalAttempt::Locked;
         }
         self.acquire_slow(true)
+    }
+
+    #[inline]
+    fn as_rseq(&self) -> Option<&RseqLock> {
+        Some(self)
     }
 }
 
@@ -692,12 +1448,18 @@ mod loom_mock {
         /// As an RMW the store lands after every store loom has made so far, which is where
         /// the hardware puts it: x86's `CAS` is a locked instruction, so a plain store that
         /// executes after it is later in the word's coherence order.
-        pub(super) fn commit(&self, started: u64, word: &AtomicU32, value: u32) -> bool {
+        pub(super) fn commit(
+            &self,
+            started: u64,
+            word: &AtomicU32,
+            value: u32,
+            ordering: Ordering,
+        ) -> bool {
             let interrupts = self.interrupts.lock().unwrap();
             if *interrupts != started {
                 return false;
             }
-            word.swap(value, Ordering::Relaxed);
+            word.swap(value, ordering);
             drop(interrupts);
             true
         }
@@ -717,10 +1479,11 @@ mod loom_mock {
             }
         }
 
-        /// `FUTEX_WAKE`, under the same bucket lock.
+        /// `FUTEX_WAKE` of one waiter, as the lock asks of the kernel, under the same bucket
+        /// lock.
         pub(super) fn futex_wake(&self) {
             let _guard = self.futex.lock().unwrap();
-            self.woken.notify_all();
+            self.woken.notify_one();
         }
     }
 }
