@@ -190,3 +190,57 @@ fn fallback_in_a_child_without_rseq() {
         "the child does not report the fallback (rseq::status and describe):\n{stdout}"
     );
 }
+
+/// A drain deadline bounds a fenced drain whose CPU's lock stays held (issue 26): the drain
+/// returns while the holder still holds, reports the lock stall, and says how long it took and
+/// whether it overran its deadline. (No time is asserted: the holder holds until the drain has
+/// returned, whatever that takes.)
+#[test]
+fn a_deadline_bounds_a_fenced_drain_and_the_report_says_how_long_it_took() {
+    let qpw = Arc::new(Qpw::with_policy(Policy::Fenced).unwrap());
+    let Some(target) = qpw.cpus().iter().last() else {
+        return;
+    };
+    let counters = Arc::new(qpw.per_cpu(|_| 0u64));
+    let drain = {
+        let c = counters.clone();
+        qpw.work(move |ctx| {
+            if let Ok(mut n) = c.lock_work(ctx) {
+                *n = 0;
+            }
+        })
+        .unwrap()
+    };
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let holder = {
+        let (qpw, counters) = (qpw.clone(), counters.clone());
+        thread::spawn(move || {
+            let _bound = qpw.bind_current(target).unwrap();
+            let slot = counters.lock_local().unwrap();
+            held_tx.send(()).unwrap();
+            // Hold until the drain has returned (or a minute, so that a broken drain cannot
+            // hang the suite).
+            let _ = done_rx.recv_timeout(Duration::from_secs(60));
+            drop(slot);
+        })
+    };
+    held_rx.recv().unwrap();
+    let timeout = Duration::from_millis(20);
+    let report = drain.drain_all_timeout(|cpu| cpu == target, timeout);
+    done_tx.send(()).unwrap();
+    holder.join().unwrap();
+    assert!(
+        report
+            .errors
+            .iter()
+            .any(|e| matches!(e, qpw_core::Error::LockStall { cpu, .. } if *cpu == target)),
+        "{report:?}"
+    );
+    assert_eq!(report.timeout, Some(timeout));
+    assert!(
+        report.elapsed >= timeout,
+        "it gave up before its deadline: {report:?}"
+    );
+    assert_eq!(report.overran(), report.elapsed > timeout);
+}

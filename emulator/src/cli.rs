@@ -122,10 +122,11 @@ pub struct DrainArgs {
         allow_hyphen_values = true
     )]
     pub load: String,
-    /// How often the probe does a local operation itself, in microseconds (1-1000000).
+    /// How often the probe does a local operation itself: microseconds (200) or a time with its
+    /// unit (250ns, 1us), 0 to 1s; 0 means every turn of its loop.
     #[arg(
         long,
-        value_name = "US",
+        value_name = "TIME",
         default_value = "200",
         allow_hyphen_values = true
     )]
@@ -194,11 +195,13 @@ pub struct RunArgs {
     /// Run the probe SCHED_FIFO at this priority (1-99); the worker then cannot preempt it.
     #[arg(short = 'f', long, value_name = "PRIO", allow_hyphen_values = true)]
     pub rtprio: Option<String>,
-    /// How often the probe does a local operation itself, in microseconds (1-1000000).
+    /// How often the probe does a local operation itself: microseconds (200) or a time with its
+    /// unit (250ns, 1us), 0 to 1s; 0 means every turn of its loop. The default is an owner
+    /// busy on its lock (the fenced-idle scenario keeps 200 us).
     #[arg(
         long,
-        value_name = "US",
-        default_value = "200",
+        value_name = "TIME",
+        default_value = crate::experiment::BUSY_OWNER,
         allow_hyphen_values = true
     )]
     pub local_op_every: String,
@@ -240,7 +243,7 @@ pub struct OslatArgs {
     pub duration: Duration,
     /// Attribute every gap at or above this many microseconds (default 5 when given without
     /// a value) to what ran on the CPU then, from a private tracefs instance (root).
-    #[arg(long, value_name = "US", num_args = 0..=1, default_missing_value = "5")]
+    #[arg(long, value_name = "TIME", num_args = 0..=1, default_missing_value = "5")]
     pub trace: Option<String>,
     /// Write the results as JSON to this file (- for stdout).
     #[arg(long, value_name = "FILE")]
@@ -259,7 +262,7 @@ pub struct OslatArgs {
     pub single_preheat: bool,
     /// Stop when a gap reaches this many microseconds: oslat's message on stderr, a marker in
     /// ftrace, exit status 1, no summary and no JSON (as oslat).
-    #[arg(short = 'T', long, value_name = "US", value_parser = int_range(1, 10_000_000))]
+    #[arg(short = 'T', long, value_name = "TIME", value_parser = int_range(1, 10_000_000))]
     pub trace_threshold: Option<u64>,
     /// Print the version and exit.
     #[arg(short = 'v', long)]
@@ -312,10 +315,10 @@ pub struct CyclictestArgs {
     pub fifo: Option<PathBuf>,
     /// Print a histogram of this many 1 us buckets after the run, 1-1000000 (larger values
     /// are cut to 1000000, as cyclictest does).
-    #[arg(short = 'h', long, value_name = "US", value_parser = int_range(1, u32::MAX as u64))]
+    #[arg(short = 'h', long, value_name = "TIME", value_parser = int_range(1, u32::MAX as u64))]
     pub histogram: Option<u64>,
     /// As -h, with a summary column over all threads.
-    #[arg(short = 'H', long, value_name = "US", value_parser = int_range(1, u32::MAX as u64))]
+    #[arg(short = 'H', long, value_name = "TIME", value_parser = int_range(1, u32::MAX as u64))]
     pub histofall: Option<u64>,
     /// Write the histogram to this file instead of stdout.
     #[arg(long, value_name = "PATH")]
@@ -410,7 +413,7 @@ pub struct CyclictestArgs {
     pub posix_timers: bool,
     /// Attribute every wake-up at least this many microseconds late (default 5 when given
     /// without a value) to what ran on the CPU then, from a private tracefs instance (root).
-    #[arg(long, value_name = "US", num_args = 0..=1, default_missing_value = "5")]
+    #[arg(long, value_name = "TIME", num_args = 0..=1, default_missing_value = "5")]
     pub trace: Option<String>,
     /// Print help (-h is the histogram, as in cyclictest).
     #[arg(long, action = ArgAction::Help)]
@@ -561,7 +564,7 @@ pub struct ReportArgs {
     /// For files without their own interruption count: count samples above this many
     /// microseconds (0.001-10000000; default per tool: 10 x the smallest median among its
     /// files, at least 1 us).
-    #[arg(long, value_name = "US", allow_hyphen_values = true)]
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
     pub threshold: Option<String>,
     /// Where to write the SVG plots (default: the first file's folder).
     #[arg(long, value_name = "DIR")]

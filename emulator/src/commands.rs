@@ -117,7 +117,7 @@ pub fn resolve_drain(
         .map(|r| validate::float_in("--drain-rate", r, 0.0, 100_000.0))
         .transpose()?;
     let load = validate::on_off("--load", &args.load)?;
-    let every = validate::int_in("--local-op-every", &args.local_op_every, 1, 1_000_000)?;
+    let every = validate::op_interval("--local-op-every", &args.local_op_every)?;
     let timeout = validate::int_in("--drain-timeout", &args.drain_timeout, 1, 60_000)?;
     let stall_threshold = validate::int_in("--stall-threshold", &args.stall_threshold, 1, 60_000)?;
     // `auto` (or no --mode) is the kernel's rule (FIDELITY 5), for the measured CPU: remote when
@@ -184,7 +184,7 @@ pub fn resolve_drain(
         stall_threshold: Duration::from_millis(stall_threshold),
         load_cpus,
         requester_cpu,
-        local_op_every: Duration::from_micros(every),
+        local_op_every: every,
         requester_prio: None,
         target_cpu,
     }))
@@ -273,7 +273,7 @@ fn qpw_fields(
     interrupted: bool,
 ) -> QpwFields {
     let outcome = load.outcome.as_ref();
-    settings.local_op_every_us = spec.map(|s| s.local_op_every.as_micros() as u64);
+    settings.local_op_every_us = spec.map(|s| s.local_op_every.as_secs_f64() * 1e6);
     QpwFields {
         tool: tool.to_string(),
         scenario: None,

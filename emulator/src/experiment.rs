@@ -51,6 +51,17 @@ const STALL_THRESHOLD: Duration = Duration::from_millis(100);
 const GAP_WIDTH_NS: u64 = 100;
 const GAP_BUCKETS: usize = 5000;
 
+/// The probe's local operation period in the default run: an owner busy on its lock (a few
+/// turns of the probe's loop), as a service's thread that touches its per-CPU state for every
+/// request is. It is what lets a fenced-mode owner answer a requester's flag in a fraction of a
+/// microsecond instead of taking the fence's interrupt.
+pub const BUSY_OWNER: &str = "100ns";
+
+/// The idle-owner scenario's period (`fenced-idle-<workload>`): the owner spins and touches its
+/// lock only this often, enough to give the drains something to take, too seldom to answer a
+/// requester's flag: the fence lands instead.
+const IDLE_OWNER: Duration = Duration::from_micros(200);
+
 /// The options of a bare `qpw-emu`.
 pub fn default_args() -> RunArgs {
     RunArgs {
@@ -61,7 +72,7 @@ pub fn default_args() -> RunArgs {
         drain_rate: None,
         target: None,
         rtprio: None,
-        local_op_every: "200".into(),
+        local_op_every: BUSY_OWNER.into(),
         rounds: "3".into(),
         quiet: false,
     }
@@ -176,7 +187,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         None => cpus.target,
     };
     let rtprio = validate::opt_int_in("--rtprio", args.rtprio.as_deref(), 1, 99)?.map(|p| p as i32);
-    let every = validate::int_in("--local-op-every", &args.local_op_every, 1, 1_000_000)?;
+    let every = validate::op_interval("--local-op-every", &args.local_op_every)?;
     let modes: Vec<Mode> = match &args.modes {
         Some(list) => {
             let mut modes = Vec::new();
@@ -264,10 +275,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
     rt::catch_sigint(&mut warnings, quiet);
     let calibration = Calibration::measure();
     let rounds = validate::int_in("--rounds", &args.rounds, 1, 100)? as u32;
-    let n_scen = 1 + workloads
-        .iter()
-        .map(|w| if w.kernel().is_some() { 1 } else { 2 })
-        .sum::<usize>();
+    let emulated = workloads.iter().filter(|w| w.kernel().is_none()).count();
+    let n_scen = 1
+        + (workloads.len() - emulated)
+        + emulated * modes.len()
+        + usize::from(emulated > 0 && modes.contains(&Mode::Fenced));
     let chunk = duration / rounds;
     if !quiet {
         eprintln!(
@@ -298,6 +310,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
         for &mode in &modes {
             scenarios.push(Acc::new(&format!("{mode}-{w}"), mode, w, rate));
         }
+        // The fenced owner that does not touch its lock, once (for the first workload): its
+        // CPU does not answer, so each flag costs a fence.
+        if modes.contains(&Mode::Fenced) && !scenarios.iter().any(|a| a.every.is_some()) {
+            let mut idle = Acc::new(&format!("fenced-idle-{w}"), Mode::Fenced, w, rate);
+            idle.every = Some(IDLE_OWNER);
+            scenarios.push(idle);
+        }
     }
     let mut ctx = Ctx {
         out,
@@ -307,7 +326,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         duration,
         chunk,
         rounds,
-        every: Duration::from_micros(every),
+        every,
         rtprio,
         calibration,
         quiet,
@@ -364,7 +383,7 @@ struct RoundPart {
     hist: Histogram,
     seconds: f64,
     target_drains: u64,
-    /// The probe thread's involuntary context switches.
+    /// The probe thread's context switches, involuntary plus voluntary.
     probe_switches: u64,
 }
 
@@ -382,6 +401,8 @@ struct Acc {
     local_op_errors: u64,
     /// The probe thread's involuntary context switches.
     probe_switches: u64,
+    /// The probe thread's voluntary context switches (it slept, waiting for its lock).
+    probe_voluntary: u64,
     requester: Option<(RequesterReport, crate::load::DrainTimes)>,
     load: LoadReport,
     target_drains: u64,
@@ -396,6 +417,8 @@ struct Acc {
     work_us: Vec<f64>,
     /// Whether Ctrl-C cut one of its rounds short.
     cut_short: bool,
+    /// The probe's local operation period, when the scenario has its own (`fenced-idle-*`).
+    every: Option<Duration>,
 }
 
 impl Acc {
@@ -412,6 +435,7 @@ impl Acc {
             local_ops: 0,
             local_op_errors: 0,
             probe_switches: 0,
+            probe_voluntary: 0,
             requester: None,
             load: LoadReport::default(),
             target_drains: 0,
@@ -423,6 +447,7 @@ impl Acc {
                 ..ScenarioAttribution::default()
             },
             work_us: Vec::new(),
+            every: None,
             cut_short: false,
         }
     }
@@ -472,7 +497,7 @@ impl Ctx {
             stall_threshold: STALL_THRESHOLD,
             load_cpus: self.cpus.allowed.difference(&target_set),
             requester_cpu: self.housekeeping,
-            local_op_every: self.every,
+            local_op_every: acc.every.unwrap_or(self.every),
             requester_prio: None,
             target_cpu: self.target,
         };
@@ -529,6 +554,7 @@ impl Ctx {
         acc.local_ops += thread.local_ops;
         acc.local_op_errors += thread.local_op_errors;
         acc.probe_switches += thread.involuntary_switches;
+        acc.probe_voluntary += thread.voluntary_switches;
         acc.target_drains += outcome.target_drains;
         acc.load.ops += outcome.load.ops;
         acc.load.errors += outcome.load.errors;
@@ -550,7 +576,7 @@ impl Ctx {
             hist: thread.hist.clone(),
             seconds: thread.duration_s,
             target_drains: outcome.target_drains,
-            probe_switches: thread.involuntary_switches,
+            probe_switches: thread.involuntary_switches + thread.voluntary_switches,
         });
         acc.qpw_desc = qpw_desc;
         acc.rounds += 1;
@@ -753,8 +779,9 @@ impl Ctx {
             .collect();
         let probe_preemptions = ProbePreemptions {
             count: acc.probe_switches,
+            voluntary: acc.probe_voluntary,
             drains_reaching_target: acc.target_drains,
-            per_drain: per_drain(acc.probe_switches, acc.target_drains),
+            per_drain: per_drain(acc.probe_switches + acc.probe_voluntary, acc.target_drains),
             per_drain_median: median(preemptions_by_round.iter().flatten()),
             per_drain_by_round: preemptions_by_round,
         };
@@ -764,7 +791,7 @@ impl Ctx {
             bucket_size: GAP_BUCKETS,
             duration_s: self.chunk.as_secs_f64() * f64::from(acc.rounds),
             rtprio: self.rtprio,
-            local_op_every_us: Some(self.every.as_micros() as u64),
+            local_op_every_us: Some(acc.every.unwrap_or(self.every).as_secs_f64() * 1e6),
             interval_us: None,
         };
         let fields = QpwFields {
@@ -803,6 +830,7 @@ impl Ctx {
                 first_error: None,
                 tid: 0,
                 involuntary_switches: acc.probe_switches,
+                voluntary_switches: acc.probe_voluntary,
                 gaps: Vec::new(),
                 gaps_not_kept: 0,
             }],
@@ -923,23 +951,6 @@ impl Ctx {
                 two(q.preemptions_per_drain),
                 two(r.preemptions_per_drain),
             ));
-            if let Some(f) = find(&format!("fenced-{w}")) {
-                let ns = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.0} ns"));
-                lines.push(format!(
-                    "{w}: fenced/remote drain p50 {}, p99 {} (the requester fences the target \
-                     with membarrier); owner's local op p50 {} vs {}; excess interruptions per \
-                     drain {} vs {} (the fence's interrupt, when a thread of ours runs there); \
-                     probe preemptions per drain {} vs {}",
-                    ratio(f.drain_p50, r.drain_p50),
-                    ratio(f.drain_p99, r.drain_p99),
-                    ns(f.local_op_ns),
-                    ns(r.local_op_ns),
-                    two(f.excess_per_drain),
-                    two(r.excess_per_drain),
-                    two(f.preemptions_per_drain),
-                    two(r.preemptions_per_drain),
-                ));
-            }
             if q.target_drains == Some(0) {
                 lines.push(format!(
                     "{w}: no queue-mode drain reached the target (its cache was always empty when \
@@ -959,6 +970,50 @@ impl Ctx {
                      noise ({baseline:.0} interruptions/s idle)"
                 ));
             }
+        }
+        // Fenced mode against remote mode, whether or not queue mode ran.
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+            _ => "n/a".to_string(),
+        };
+        let two = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
+        let ns = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.0} ns"));
+        for f in &rows {
+            let Some(w) = f.name.strip_prefix("fenced-") else {
+                continue;
+            };
+            if let Some(w) = w.strip_prefix("idle-") {
+                lines.push(format!(
+                    "{w}: with an idle owner (it spins, touching its lock once per {} us), per \
+                     drain the target answered {} of the requester's flags and was fenced for {}: \
+                     the fence's interrupt lands there (the trace's call_function_single, below); \
+                     drain p50 {}",
+                    IDLE_OWNER.as_micros(),
+                    two(f.answers_per_drain),
+                    two(f.fences_per_drain),
+                    f.drain_p50.map_or("n/a".into(), |v| format!("{v:.1} us")),
+                ));
+                continue;
+            }
+            let Some(r) = find(&format!("remote-{w}")) else {
+                continue;
+            };
+            lines.push(format!(
+                "{w}: fenced/remote drain p50 {}, p99 {}; per drain the target answered {} of \
+                 the requester's flags and was fenced for {} (a membarrier interrupt each, when \
+                 a thread of ours ran there); owner's local op p50 {} vs {}; excess \
+                 interruptions per drain {} vs {}; probe context switches per drain {} vs {}",
+                ratio(f.drain_p50, r.drain_p50),
+                ratio(f.drain_p99, r.drain_p99),
+                two(f.answers_per_drain),
+                two(f.fences_per_drain),
+                ns(f.local_op_ns),
+                ns(r.local_op_ns),
+                two(f.excess_per_drain),
+                two(r.excess_per_drain),
+                two(f.preemptions_per_drain),
+                two(r.preemptions_per_drain),
+            ));
         }
         self.notes.push(
             "no isolated CPU here: the figures carry the machine's own noise (including \

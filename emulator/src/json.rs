@@ -228,7 +228,7 @@ pub struct Settings {
     /// `SCHED_FIFO` priority asked for.
     pub rtprio: Option<i32>,
     /// The probe's local operation period in microseconds, if it did any.
-    pub local_op_every_us: Option<u64>,
+    pub local_op_every_us: Option<f64>,
     /// The cyclictest interval in microseconds.
     pub interval_us: Option<u64>,
 }
@@ -319,11 +319,16 @@ pub struct Interruptions {
 /// preempts the probe) and in remote mode about none.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ProbePreemptions {
-    /// Involuntary context switches of the probe thread.
+    /// Involuntary context switches of the probe thread (it was preempted).
     pub count: u64,
+    /// Voluntary context switches of the probe thread (it slept: waiting for its CPU's lock
+    /// while a drain held it, for instance).
+    #[serde(default)]
+    pub voluntary: u64,
     /// Drains that reached the target CPU (queued to it or run under its lock).
     pub drains_reaching_target: u64,
-    /// `count` / drains reaching the target, pooled over the whole run.
+    /// `count + voluntary` (every time the probe lost its CPU) / drains reaching the target,
+    /// pooled over the whole run.
     pub per_drain: Option<f64>,
     /// The same figure round by round (`qpw-emu run`); `None` for a round in which no drain
     /// reached the target.

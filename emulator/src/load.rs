@@ -195,6 +195,14 @@ pub struct RequesterReport {
     pub cpus_skipped: u64,
     /// Drains that returned at once because another drain covered them.
     pub whole_skipped: u64,
+    /// Fenced mode: the requester's flags on fenced-mode CPUs' locks that the owner's CPU
+    /// answered (no fence, no interrupt there), over all drains.
+    #[serde(default)]
+    pub flags_answered: u64,
+    /// Fenced mode: the flags settled by a `membarrier` fence of the owner's CPU (an
+    /// interrupt there, when a thread of the process ran on it).
+    #[serde(default)]
+    pub flags_fenced: u64,
     /// Drain time percentiles, in microseconds.
     pub time_us: Percentiles,
     /// Exact mean drain time, in microseconds.
@@ -225,6 +233,8 @@ impl RequesterReport {
         self.cpus_remote += other.cpus_remote;
         self.cpus_skipped += other.cpus_skipped;
         self.whole_skipped += other.whole_skipped;
+        self.flags_answered += other.flags_answered;
+        self.flags_fenced += other.flags_fenced;
         if self.first_error.is_none() {
             self.first_error.clone_from(&other.first_error);
         }
@@ -343,6 +353,9 @@ fn requester(
     if !phase.wait_go() {
         return Ok((report, hist));
     }
+    // Process-wide, but the requester is the only thread of ours that takes another CPU's
+    // lock (the probe and the load threads are bound and take their own).
+    let flags_before = qpw_core::fenced_lock::fence_counts();
     let missed = paced(cfg.drain_rate_hz, phase, || {
         let t0 = monotonic_ns();
         let out = w.drain(cfg.force, Some(cfg.timeout));
@@ -370,6 +383,8 @@ fn requester(
         }
     });
     report.missed_deadlines = missed;
+    let flags = qpw_core::fenced_lock::fence_counts().since(&flags_before);
+    (report.flags_answered, report.flags_fenced) = (flags.answered, flags.fenced);
     report.set_times(&hist);
     Ok((report, hist))
 }

@@ -127,6 +127,9 @@ pub struct OslatThread {
     /// The probe thread's involuntary context switches over the measuring window: how often
     /// something of this machine preempted it.
     pub involuntary_switches: u64,
+    /// The probe thread's voluntary context switches while measuring: it slept (waiting for
+    /// its CPU's lock, which a drain held), which a preemption count does not show.
+    pub voluntary_switches: u64,
     /// With [`OslatConfig::gap_log_ns`]: each long gap's counter readings (before, after).
     pub gaps: Vec<(u64, u64)>,
     /// Long gaps past [`GAP_LOG_CAPACITY`], counted but not kept.
@@ -363,7 +366,7 @@ fn thread_main(
     // Keep the source buffer alive and unknown to the optimiser.
     std::hint::black_box(&mut src);
 
-    let switches_at_start = crate::threads::involuntary_switches();
+    let switches_at_start = crate::threads::context_switches();
     let start = ticks();
     let mut next_op = start.saturating_add(every);
     let mut prev = start;
@@ -413,8 +416,9 @@ fn thread_main(
         }
     }
     let stop = ticks();
-    let involuntary_switches =
-        crate::threads::involuntary_switches().saturating_sub(switches_at_start);
+    let switches_at_end = crate::threads::context_switches();
+    let voluntary_switches = switches_at_end.0.saturating_sub(switches_at_start.0);
+    let involuntary_switches = switches_at_end.1.saturating_sub(switches_at_start.1);
 
     // End barrier: exiting now could disturb the others.
     ctl.finished.fetch_add(1, Ordering::SeqCst);
@@ -432,6 +436,7 @@ fn thread_main(
         first_error,
         tid,
         involuntary_switches,
+        voluntary_switches,
         gaps,
         gaps_not_kept,
     })

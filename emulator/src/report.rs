@@ -73,10 +73,17 @@ pub struct Row {
     /// The same, round by round (`qpw-emu run` only).
     #[serde(default)]
     pub excess_per_drain_by_round: Vec<Option<f64>>,
-    /// The probe thread's involuntary context switches per drain that reached the target: the
-    /// median over the rounds of `qpw-emu run`, else the pooled figure.
+    /// The probe thread's context switches (involuntary plus voluntary) per drain that reached
+    /// the target: the median over the rounds of `qpw-emu run`, else the pooled figure.
     #[serde(default)]
     pub preemptions_per_drain: Option<f64>,
+    /// Fenced mode: the requester's flags that the target CPU answered, per drain.
+    #[serde(default)]
+    pub answers_per_drain: Option<f64>,
+    /// Fenced mode: the requester's flags settled by a `membarrier` fence (an interrupt on the
+    /// target CPU), per drain.
+    #[serde(default)]
+    pub fences_per_drain: Option<f64>,
     /// Drains that reached the target.
     pub target_drains: Option<u64>,
     /// Requester drains.
@@ -223,6 +230,12 @@ impl ThreadView {
                 .as_ref()
                 .and_then(|p| p.per_drain_median.or(p.per_drain)),
             target_drains: i.map(|i| i.drains_reaching_target),
+            answers_per_drain: r
+                .filter(|r| r.drains > 0 && r.flags_answered + r.flags_fenced > 0)
+                .map(|r| r.flags_answered as f64 / r.drains as f64),
+            fences_per_drain: r
+                .filter(|r| r.drains > 0 && r.flags_answered + r.flags_fenced > 0)
+                .map(|r| r.flags_fenced as f64 / r.drains as f64),
             drains: r.map(|r| r.drains),
             drain_p50: r.map(|r| r.time_us.p50),
             drain_p99: r.map(|r| r.time_us.p99),
@@ -313,7 +326,7 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         "in op",
         "per s",
         "per drain",
-        "preempt",
+        "switch",
         "op ns",
         "drains",
         "p50",
@@ -353,8 +366,10 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
     if rows.iter().any(|r| r.preemptions_per_drain.is_some()) {
         let _ = writeln!(
             s,
-            "preempt: the probe thread's involuntary context switches per drain that reached the \
-             target (a vCPU not running does not count there): queue mode about 1, remote about 0"
+            "switch: the probe thread's context switches per drain that reached the target, \
+             involuntary (preempted) plus voluntary (it slept: on its CPU's lock while a drain \
+             held it, for instance); a vCPU not running does not count: queue mode about 1, \
+             remote and fenced about 0"
         );
     }
     if rows.iter().any(|r| r.local_op_ns.is_some()) {

@@ -15,11 +15,21 @@ use crate::progress::Progress;
 /// our kernel preempted it. A vCPU the hypervisor does not run leaves this alone, so unlike a gap
 /// in a probe's loop it counts only what this machine's scheduler did to the thread.
 pub fn involuntary_switches() -> u64 {
+    context_switches().1
+}
+
+/// The calling thread's voluntary and involuntary context switches so far
+/// (`getrusage(RUSAGE_THREAD)`): how often it gave up its CPU (slept: on a lock's futex, for
+/// instance) and how often our kernel took the CPU from it.
+pub fn context_switches() -> (u64, u64) {
     // SAFETY: `rusage` is plain data; all-zero bytes are a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid, writable `rusage`; RUSAGE_THREAD cannot fail for the caller.
     unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    u64::try_from(ru.ru_nivcsw).unwrap_or(0)
+    (
+        u64::try_from(ru.ru_nvcsw).unwrap_or(0),
+        u64::try_from(ru.ru_nivcsw).unwrap_or(0),
+    )
 }
 
 /// Waits until `arrived` counts `n` threads, or until one of `threads` has ended (a thread that

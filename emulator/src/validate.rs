@@ -155,6 +155,36 @@ pub fn on_off(flag: &str, raw: &str) -> Result<bool> {
     }
 }
 
+/// How often the probe does a local operation (`--local-op-every`): a number of microseconds
+/// as before (`200`), or a time with its unit (`250ns`, `1us`, `2ms`); 0 means every turn of
+/// the probe's loop. At most one second.
+pub fn op_interval(flag: &str, raw: &str) -> Result<Duration> {
+    let bad = || {
+        anyhow!(
+            "{flag} {raw}: must be 0 to 1s, in microseconds (200) or with a unit (250ns, 1us, \
+             2ms)"
+        )
+    };
+    let text = raw.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let ns_per = match unit.to_ascii_lowercase().as_str() {
+        "" | "us" => 1_000,
+        "ns" => 1,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        _ => return Err(bad()),
+    };
+    let ns = n.checked_mul(ns_per).ok_or_else(bad)?;
+    if ns > 1_000_000_000 {
+        return Err(bad());
+    }
+    Ok(Duration::from_nanos(ns))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -209,5 +239,25 @@ mod tests {
         let e = cpu_list("-c", "3-1", &allowed).unwrap_err().to_string();
         assert!(e.contains("-c 3-1"), "{e}");
         assert!(cpu("--target", "7", &allowed).is_err());
+    }
+
+    #[test]
+    fn op_interval_takes_microseconds_or_a_unit() {
+        use std::time::Duration;
+        let d = |raw| super::op_interval("--local-op-every", raw).unwrap();
+        assert_eq!(d("200"), Duration::from_micros(200));
+        assert_eq!(d("100ns"), Duration::from_nanos(100));
+        assert_eq!(d("1us"), Duration::from_micros(1));
+        assert_eq!(d("2ms"), Duration::from_millis(2));
+        assert_eq!(d("0"), Duration::ZERO);
+        for bad in ["", "-1", "1.5", "2s", "10min", "abc"] {
+            let e = super::op_interval("--local-op-every", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("--local-op-every") && e.contains("0 to 1s"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

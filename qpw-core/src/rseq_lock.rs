@@ -175,12 +175,17 @@ use std::fmt;
 #[cfg(not(loom))]
 use std::time::Instant;
 
+#[cfg(not(loom))]
+use crossbeam_utils::CachePadded;
+
 use crate::raw_lock::LocalAttempt;
 use crate::sync::{AtomicU32, Ordering};
 use crate::{FairLock, RawLocalLock};
 
 const FREE: u32 = 0;
 const HELD: u32 = 1;
+/// The low bits of a hand-over to a sleeping waiter; the hand-over's generation sits above
+/// them, so that no two hand-overs in a row have the same value.
 const HANDOFF: u32 = 2;
 /// The low bits of a requester's flag; the flag's epoch sits above them.
 const FENCED: u32 = 3;
@@ -191,6 +196,18 @@ const EPOCH_MASK: u32 = u32::MAX >> EPOCH_SHIFT;
 #[inline]
 const fn flag(epoch: u32) -> u32 {
     FENCED | ((epoch & EPOCH_MASK) << EPOCH_SHIFT)
+}
+
+/// The hand-over of `generation`: `HANDOFF | generation << 2`.
+#[inline]
+const fn handoff(generation: u32) -> u32 {
+    HANDOFF | ((generation & EPOCH_MASK) << EPOCH_SHIFT)
+}
+
+/// Whether the word holds a hand-over (of any generation).
+#[inline]
+const fn is_handoff(word: u32) -> bool {
+    word & FENCED == HANDOFF
 }
 
 /// Whether the word holds a requester's flag (of any epoch).
@@ -209,7 +226,7 @@ const NO_CPU: u32 = i32::MAX as u32;
 const FALLBACK_CPU: u32 = NO_CPU - 1;
 
 /// How long a requester waits for the owner's answer before it fences the CPU, while answers
-/// come (0 after a wait that got none; see `RseqLock::ack_budget`). A fence costs the
+/// come (0 after a wait that got none; see [`Beacon::budget`]). A fence costs the
 /// requester about 15-20 us on the development VM and the target an interrupt, so waiting a
 /// few microseconds for an owner that is busy on its lock is the better deal for both.
 #[cfg(not(loom))]
@@ -217,16 +234,16 @@ const ACK_BUDGET_NS: u32 = 2_000;
 #[cfg(loom)]
 const ACK_BUDGET_NS: u32 = 1;
 
-/// How long a waiter spins on a lock that a requester's flag holds before it sleeps: the
-/// holder is a requester running on another CPU, in the middle of a drain (a few
-/// microseconds), so the owner keeps its CPU rather than sleep (a voluntary context switch
-/// on the very CPU the drain should leave alone).
+/// How long a waiter spins before it sleeps when the holder, or the thread the lock is being
+/// handed to, most likely runs on another CPU: on a requester's flag (the holder is a
+/// requester in the middle of a drain, a few microseconds; the owner keeps its CPU rather
+/// than sleep, a voluntary context switch on the very CPU the drain should leave alone), on
+/// an owner's hold seen from another CPU (its critical section is short), and on a hand-over
+/// under way (the woken waiter needs a moment to run and claim it; a newcomer that joined the
+/// waiters at once could claim it first, again and again: an owner in a tight loop starved a
+/// woken requester for hundreds of milliseconds that way).
 #[cfg(not(loom))]
-const FLAG_SPIN_NS: u64 = 50_000;
-/// How long a waiter that does not run on the lock's CPU spins on a lock an owner holds: the
-/// holder most likely runs on its CPU and will release within its short critical section.
-#[cfg(not(loom))]
-const REMOTE_SPIN_NS: u64 = 10_000;
+const SPIN_NS: u64 = 50_000;
 
 /// Spins on a busy lock before sleeping, for a waiter on the lock's own CPU: a few, as the
 /// holder of a `HELD` word it can see is most likely a preempted thread of that CPU that
@@ -373,6 +390,59 @@ impl fmt::Display for LocalLockKind {
     }
 }
 
+/// A CPU's call and answer (module docs, "The answer"): a requester bumps `call` after raising
+/// its flags on locks of the CPU; a restartable sequence running on the CPU reads `call`, and
+/// its thread publishes what it read in `answer`. An answer that has reached a requester's call
+/// settles every flag that requester raised on the CPU's locks before the call, whichever lock
+/// the answering thread was waiting for.
+#[derive(Debug)]
+pub(crate) struct Beacon {
+    /// Calls made so far (wrapping).
+    call: AtomicU32,
+    /// The newest call a sequence of the CPU has read and its thread published.
+    answer: AtomicU32,
+    /// How long the CPU's next requester waits for an answer before it fences, in
+    /// nanoseconds: [`ACK_BUDGET_NS`] while answers come, 0 after a wait that got none, and
+    /// back up as soon as an answer is seen again (after a fence, or while a flag held a lock).
+    budget: AtomicU32,
+}
+
+impl Beacon {
+    #[cfg(not(loom))]
+    const fn new() -> Self {
+        Self {
+            call: AtomicU32::new(0),
+            answer: AtomicU32::new(0),
+            budget: AtomicU32::new(ACK_BUDGET_NS),
+        }
+    }
+
+    #[cfg(loom)]
+    fn new() -> Self {
+        Self {
+            call: AtomicU32::new(0),
+            answer: AtomicU32::new(0),
+            budget: AtomicU32::new(ACK_BUDGET_NS),
+        }
+    }
+
+    /// Whether an answer of `answer` has reached call `call` (counters wrap).
+    #[inline]
+    fn reached(answer: u32, call: u32) -> bool {
+        #[cfg(loom)]
+        if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::AckWithoutEpoch {
+            return answer != 0;
+        }
+        answer.wrapping_sub(call) as i32 >= 0
+    }
+}
+
+/// Every physical CPU's beacon, on its own cache line (128 KiB of zeroed memory, touched only
+/// for the CPUs that are drained).
+#[cfg(not(loom))]
+static BEACONS: [CachePadded<Beacon>; crate::CpuSet::MAX_CPU + 1] =
+    [const { CachePadded::new(Beacon::new()) }; crate::CpuSet::MAX_CPU + 1];
+
 /// The outcome of one restartable sequence that tries to take the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Section {
@@ -384,6 +454,17 @@ enum Section {
     /// The thread does not run on the lock's CPU (or has no rseq registration).
     WrongCpu,
     /// The kernel aborted the sequence (preemption, migration, signal): try again.
+    Aborted,
+}
+
+/// The outcome of one restartable sequence that reads a word on the lock's CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    /// Read on the lock's CPU, with the thread there from the CPU check to the load.
+    Seen(u32),
+    /// The thread does not run on the lock's CPU.
+    WrongCpu,
+    /// The kernel aborted the sequence: try again.
     Aborted,
 }
 
@@ -435,16 +516,11 @@ pub struct RseqLock {
     /// The epoch of the last flag raised, advanced under the side mutex (which is what keeps
     /// two requesters from raising flags of one epoch).
     epoch: AtomicU32,
-    /// How long the next requester waits for an answer before it fences, in nanoseconds:
-    /// [`ACK_BUDGET_NS`] while owners answer, 0 after a wait that got no answer, and back
-    /// up as soon as an answer is seen again (after a fence, or during the hold).
-    ack_budget: AtomicU32,
-    /// The last flag an owner's sequence found in the word, published by the owner after the
-    /// sequence: the answer a requester waits for. On the word's cache line, not one of its
-    /// own: the requester polls the word too (an owner may commit over the flag), the owner
-    /// writes the answer once per flag, and a line of its own would push the slot's data off
-    /// the lock's line on every operation of the owner.
-    ack: AtomicU32,
+    /// The call its CPU's beacon was given for the flag in the word (written under the side
+    /// mutex), so that the flag's release can tell whether an answer came while it held.
+    flag_call: AtomicU32,
+    /// The generation of the last hand-over, advanced by the releasing holder.
+    handoffs: AtomicU32,
     #[cfg(loom)]
     mock: loom_mock::Cpu,
 }
@@ -633,6 +709,85 @@ impl RseqLock {
         }
     }
 
+    /// One restartable sequence that loads `cell` if the thread runs on the lock's CPU: a load
+    /// known to have run there (the answer's read of the CPU's call).
+    #[cfg(all(not(loom), target_arch = "x86_64"))]
+    #[inline]
+    fn read_section(&self, cell: &AtomicU32) -> Read {
+        let Some(area) = crate::rseq::area() else {
+            return Read::WrongCpu;
+        };
+        let outcome: u32;
+        let seen: u32;
+        // SAFETY: as in `section`, points (1), (2), (3) and (5), for a third descriptor; (4)
+        // `cell` is a live `AtomicU32` for the borrow, read with a single-copy-atomic 4-byte
+        // `mov`; the sequence stores nothing but `rseq_cs`. Its critical section ends right
+        // after the load, so an abort can only come between the CPU check and the load.
+        unsafe {
+            std::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "xor {out:e}, {out:e}",
+                "lea {tmp}, [rip + 3b]",
+                "mov qword ptr [{area} + 8], {tmp}",
+                "4:",
+                "cmp dword ptr [{area} + 4], {cpu:e}",
+                "jne 7f",
+                "mov {seen:e}, dword ptr [{cell}]",
+                "5:",
+                ".pushsection __rseq_failure, \"ax\"",
+                "7:",
+                "mov {out:e}, 1",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long 0x53053053",
+                "6:",
+                "mov {out:e}, 2",
+                "jmp 9f",
+                ".popsection",
+                "9:",
+                area = in(reg) area,
+                cpu = in(reg) self.cpu,
+                cell = in(reg) cell.as_ptr(),
+                tmp = out(reg) _,
+                seen = out(reg) seen,
+                out = out(reg) outcome,
+                options(nostack),
+            );
+        }
+        match outcome {
+            0 => Read::Seen(seen),
+            1 => Read::WrongCpu,
+            _ => Read::Aborted,
+        }
+    }
+
+    /// As `section`.
+    #[cfg(all(not(loom), not(target_arch = "x86_64")))]
+    #[inline(always)]
+    fn read_section(&self, _cell: &AtomicU32) -> Read {
+        Read::WrongCpu
+    }
+
+    /// The mocked read: start, load, and a check that no abort came in between.
+    #[cfg(loom)]
+    fn read_section(&self, cell: &AtomicU32) -> Read {
+        if crate::rseq::mock::current() != Some(self.cpu as usize) {
+            return Read::WrongCpu;
+        }
+        let started = self.mock.start();
+        let seen = cell.load(Ordering::Acquire);
+        if self.mock.unaborted(started) {
+            Read::Seen(seen)
+        } else {
+            Read::Aborted
+        }
+    }
+
     /// No sequence assembly for this architecture: `lock_available` is false, and the fallback
     /// never calls this.
     #[cfg(all(not(loom), not(target_arch = "x86_64")))]
@@ -701,7 +856,7 @@ impl RseqLock {
                 Section::Aborted => continue,
                 Section::Busy(seen) => {
                     if is_flag(seen) {
-                        self.answer(seen);
+                        self.answer();
                     }
                     return Section::Busy(seen);
                 }
@@ -710,34 +865,65 @@ impl RseqLock {
         }
     }
 
-    /// The owner's answer: a sequence of the lock's CPU read `flag` (module docs, "The
-    /// answer"). Stored only when it changes, so that an owner spinning on a flag does not
-    /// keep taking the line from the requester that polls it.
-    #[cold]
-    fn answer(&self, flag: u32) {
+    /// The lock's CPU's beacon (none for a lock of no CPU, or in the fallback).
+    #[inline]
+    fn beacon(&self) -> Option<&Beacon> {
+        #[cfg(not(loom))]
+        {
+            BEACONS.get(self.cpu as usize).map(|b| &**b)
+        }
         #[cfg(loom)]
-        let flag = match crate::rseq::mock::mutation() {
-            crate::rseq::mock::Mutation::AckWithoutEpoch => FENCED,
-            _ => flag,
-        };
-        if self.ack.load(Ordering::Relaxed) != flag {
-            self.ack.store(flag, Ordering::Release);
+        {
+            (self.cpu < FALLBACK_CPU).then_some(&self.mock.beacon)
         }
     }
 
-    /// Whether the requester of `flag` may stop waiting: an owner answered it, or a sequence
-    /// committed over it (the requester then lost, and will wait for that holder).
-    #[inline]
-    fn answered(&self, flag: u32) -> bool {
-        if !acks() {
-            return self.word.load(Ordering::Relaxed) != flag;
-        }
-        let ack = self.ack.load(Ordering::Acquire);
+    /// The owner's answer (module docs, "The answer"): if the thread runs on the lock's CPU,
+    /// read the CPU's call inside a restartable sequence and publish it. Called by a thread
+    /// that found a flag in the word, and again and again while it spins on one.
+    #[cold]
+    fn answer(&self) {
+        let Some(beacon) = self.beacon() else {
+            return;
+        };
         #[cfg(loom)]
-        if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::AckWithoutEpoch {
-            return is_flag(ack) || self.word.load(Ordering::Relaxed) != flag;
+        if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::AckFromAnyThread {
+            let seen = beacon.call.load(Ordering::Acquire);
+            beacon.answer.store(seen, Ordering::Release);
+            return;
         }
-        ack == flag || self.word.load(Ordering::Relaxed) != flag
+        let seen = loop {
+            match self.read_section(&beacon.call) {
+                Read::Seen(seen) => break seen,
+                Read::WrongCpu => return,
+                Read::Aborted => continue,
+            }
+        };
+        // Stored only when it changes, so that an owner spinning on a flag does not keep
+        // taking the line from the requester that polls it.
+        if beacon.answer.load(Ordering::Relaxed) != seen {
+            beacon.answer.store(seen, Ordering::Release);
+        }
+    }
+
+    /// Whether the requester of `flag` (call `call` of the CPU's beacon) may stop waiting: the
+    /// CPU answered the call, or a sequence committed over the flag (the requester then lost,
+    /// and will wait for that holder).
+    #[inline]
+    fn answered(&self, flag: u32, call: u32) -> bool {
+        if self.word.load(Ordering::Relaxed) != flag {
+            return true;
+        }
+        acks()
+            && self
+                .beacon()
+                .is_some_and(|b| Beacon::reached(b.answer.load(Ordering::Acquire), call))
+    }
+
+    /// Calls the CPU, after the flags: `raise` the flags first, then `call` once.
+    fn call(&self) -> u32 {
+        self.beacon()
+            .map_or(0, |b| b.call.fetch_add(1, Ordering::AcqRel).wrapping_add(1))
     }
 
     /// One attempt from wherever the thread runs: the sequence, or the requester's path.
@@ -775,8 +961,9 @@ impl RseqLock {
         let Some(flag) = self.raise() else {
             return false;
         };
-        let waited = self.wait_for_answer(flag);
-        self.settle(flag, waited)
+        let call = self.call();
+        let waited = self.wait_for_answer(flag, call);
+        self.settle(flag, call, waited)
     }
 
     /// Raises a flag of a new epoch if the word is `FREE`, and keeps the side mutex until the
@@ -804,25 +991,24 @@ impl RseqLock {
     /// How long a requester waits for an answer now: nothing for a lock of no CPU (no owner
     /// can answer, and none needs fencing) or with answers off.
     fn budget(&self) -> u32 {
-        if self.cpu >= FALLBACK_CPU || !acks() {
-            0
-        } else {
-            self.ack_budget.load(Ordering::Relaxed)
+        match self.beacon() {
+            Some(b) if acks() => b.budget.load(Ordering::Relaxed),
+            _ => 0,
         }
     }
 
     /// Waits up to the budget for the answer to `flag`. Returns whether it waited at all
     /// (for the budget's adaptation in `settle`).
-    fn wait_for_answer(&self, flag: u32) -> bool {
+    fn wait_for_answer(&self, flag: u32, call: u32) -> bool {
         let budget = self.budget();
-        if budget == 0 || self.answered(flag) {
+        if budget == 0 || self.answered(flag, call) {
             return false;
         }
         #[cfg(not(loom))]
         {
             let start = Instant::now();
             let mut spins = 0u32;
-            while !self.answered(flag) {
+            while !self.answered(flag, call) {
                 crate::sync::spin_loop();
                 spins = spins.wrapping_add(1);
                 if spins % 16 == 0 && start.elapsed().as_nanos() >= u128::from(budget) {
@@ -832,7 +1018,7 @@ impl RseqLock {
         }
         // Under loom time does not pass: one more look, which loom may place anywhere.
         #[cfg(loom)]
-        let _ = self.answered(flag);
+        let _ = self.answered(flag, call);
         true
     }
 
@@ -845,8 +1031,8 @@ impl RseqLock {
     ///
     /// When the fence fails (`membarrier` returned an error): the lock cannot be taken
     /// safely, so the flag is backed out first, and nothing is held.
-    fn settle(&self, flag: u32, waited: bool) -> bool {
-        let answered = self.answered(flag);
+    fn settle(&self, flag: u32, call: u32, waited: bool) -> bool {
+        let answered = self.answered(flag, call);
         if !answered && self.cpu < FALLBACK_CPU {
             if let Err(e) = self.requester_fence() {
                 self.back_out(flag);
@@ -855,12 +1041,19 @@ impl RseqLock {
             }
             count(1);
         }
-        if self.ack.load(Ordering::Relaxed) == flag {
-            self.ack_budget.store(ACK_BUDGET_NS, Ordering::Relaxed);
-        } else if waited {
-            self.ack_budget.store(0, Ordering::Relaxed);
-        }
         let held = self.still_flagged(flag);
+        if let Some(beacon) = self.beacon() {
+            if Beacon::reached(beacon.answer.load(Ordering::Relaxed), call) {
+                beacon.budget.store(ACK_BUDGET_NS, Ordering::Relaxed);
+            } else if waited && held {
+                // A wait that got no answer (one that ended because an owner committed over
+                // the flag is no sign that the owner does not answer).
+                beacon.budget.store(0, Ordering::Relaxed);
+            }
+        }
+        if held {
+            self.flag_call.store(call, Ordering::Relaxed);
+        }
         if !held {
             count(2);
         } else if answered && self.cpu < FALLBACK_CPU {
@@ -947,10 +1140,11 @@ impl RseqLock {
         crate::rseq::current_cpu() == Some(self.cpu as usize)
     }
 
-    /// Spins while the holder is likely to release soon: for [`FLAG_SPIN_NS`] on a flag (a
-    /// requester in a drain, on another CPU), for [`REMOTE_SPIN_NS`] on an owner's hold seen
-    /// from another CPU, and [`SPINS`] times on an owner's hold seen from the lock's own CPU
-    /// (whose holder is then preempted, and needs the CPU). Returns whether it took the lock.
+    /// Spins while the holder is likely to release soon: for [`SPIN_NS`] on a flag (a
+    /// requester in a drain, on another CPU), on an owner's hold seen from another CPU and on a
+    /// hand-over under way, and [`SPINS`] times on an owner's hold seen from the lock's own
+    /// CPU (whose holder is then preempted, and needs the CPU). Returns whether it took the
+    /// lock.
     #[cfg(not(loom))]
     fn spin(&self, deadline: Option<Instant>) -> bool {
         let mut spins = 0u32;
@@ -963,14 +1157,17 @@ impl RseqLock {
             }
             spins += 1;
             let limit_ns = if is_flag(seen) {
-                FLAG_SPIN_NS
-            } else if here {
+                // Keep answering: the requester may call after our first answer (a second
+                // lock of this CPU, taken while it holds this one).
+                self.answer();
+                SPIN_NS
+            } else if here && seen == HELD {
                 if spins >= SPINS {
                     return false;
                 }
                 u64::MAX
             } else {
-                REMOTE_SPIN_NS
+                SPIN_NS
             };
             if spins % 16 == 0 {
                 let now = Instant::now();
@@ -998,6 +1195,11 @@ impl RseqLock {
         if self.spin(deadline) {
             return true;
         }
+        // A hand-over already under way is not ours: it was made for a waiter registered
+        // before us. Claiming it would let a newcomer (an owner in a tight loop) take every
+        // hand-over from a woken waiter still on its way to the CPU.
+        let before = self.word.load(Ordering::Relaxed);
+        let not_ours = is_handoff(before).then_some(before);
         self.waiters.fetch_add(1, Ordering::SeqCst);
         full_fence();
         // Whether our registration is ordered against the release sequences of the lock's
@@ -1007,36 +1209,37 @@ impl RseqLock {
         let mut unordered = false;
         loop {
             let seen = self.word.load(Ordering::Acquire);
-            #[cfg(loom)]
-            if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::AckFromAnyThread
-                && is_flag(seen)
-            {
-                self.answer(seen);
+            if is_flag(seen) {
+                self.answer(); // only a thread on the lock's CPU can
             }
-            let won = match seen {
-                HANDOFF => self
-                    .word
-                    .compare_exchange(HANDOFF, HELD, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok(),
-                FREE => self.try_once(),
-                _ => false,
+            let ours = is_handoff(seen) && Some(seen) != not_ours;
+            let won = if ours {
+                self.word
+                    .compare_exchange(seen, HELD, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            } else {
+                seen == FREE && self.try_once()
             };
             if won {
                 self.waiters.fetch_sub(1, Ordering::Relaxed);
                 return true;
             }
-            let held = seen == HELD || is_flag(seen);
+            // Held, or handed to another: sleep until a release wakes us.
+            let held = seen == HELD || is_flag(seen) || (is_handoff(seen) && !ours);
             if held && !ordered {
                 ordered = true;
                 unordered = !self.order_registration();
                 continue; // look again: the fence may have made a release visible
             }
             // Sleep only on a held word, whose holder's release will wake us (we are
-            // registered). Not on `FREE`, which no release follows. Not on a `HANDOFF` we
-            // failed to claim either: another waiter claimed it, and its release may store
-            // `HANDOFF` again and wake before we sleep; `futex` would then find the value it
-            // expects and sleep through that wake, with nobody left to release (loom found
-            // this with two owner threads and a requester).
+            // registered), or on a hand-over made for another, whose claimer's release will.
+            // Not on `FREE`, which no release follows. Not on a hand-over of ours we failed
+            // to claim either (another waiter claimed it): its claimer's release stores a
+            // hand-over of a new generation and wakes one, so the value we would sleep on is
+            // stale, and a wake may already have gone to us. (Before hand-overs had
+            // generations, a waiter that lost one slept on `HANDOFF`, found it again after the
+            // winner's release had woken it, and slept through: loom found this with two
+            // owner threads and a requester.)
             let slept = if held {
                 self.futex_wait(seen, deadline, unordered)
             } else {
@@ -1067,10 +1270,11 @@ impl RseqLock {
     fn give_up(&self) -> bool {
         self.waiters.fetch_sub(1, Ordering::SeqCst);
         full_fence();
-        self.word.load(Ordering::SeqCst) == HANDOFF
+        let seen = self.word.load(Ordering::SeqCst);
+        is_handoff(seen)
             && self
                 .word
-                .compare_exchange(HANDOFF, HELD, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(seen, HELD, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
     }
 
@@ -1081,10 +1285,15 @@ impl RseqLock {
     #[cold]
     fn unlock_slow(&self) {
         let word = self.word.load(Ordering::Relaxed);
-        if is_flag(word) && self.ack.load(Ordering::Relaxed) == word {
-            // A requester releases its flag, and an answer came while it held the lock: the
-            // owner is busy on it, so the next requester should wait for answers again.
-            self.ack_budget.store(ACK_BUDGET_NS, Ordering::Relaxed);
+        if let (true, Some(beacon)) = (is_flag(word), self.beacon()) {
+            if Beacon::reached(
+                beacon.answer.load(Ordering::Relaxed),
+                self.flag_call.load(Ordering::Relaxed),
+            ) {
+                // A requester releases its flag, and an answer came while it held the lock:
+                // the owner is busy on it, so the next requester should wait for answers.
+                beacon.budget.store(ACK_BUDGET_NS, Ordering::Relaxed);
+            }
         }
         loop {
             if self.waiters.load(Ordering::SeqCst) == 0 {
@@ -1096,8 +1305,12 @@ impl RseqLock {
                 }
                 return;
             }
-            // Hand over to a sleeper: no thread can take `HANDOFF` but a registered waiter.
-            self.word.swap(HANDOFF, Ordering::SeqCst);
+            // Hand over to a sleeper: no thread can take a hand-over but a waiter registered
+            // before it. Only the holder writes `handoffs`.
+            let generation = self.handoffs.load(Ordering::Relaxed).wrapping_add(1);
+            self.handoffs.store(generation, Ordering::Relaxed);
+            let handed = handoff(generation);
+            self.word.swap(handed, Ordering::SeqCst);
             full_fence();
             self.futex_wake();
             if self.waiters.load(Ordering::SeqCst) != 0 {
@@ -1107,7 +1320,7 @@ impl RseqLock {
             // release it to whoever comes next (unless a waiter claimed it after all).
             if self
                 .word
-                .compare_exchange(HANDOFF, HELD, Ordering::Acquire, Ordering::Relaxed)
+                .compare_exchange(handed, HELD, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
                 return;
@@ -1230,7 +1443,7 @@ fn fence_failed(cpu: u32, error: &std::io::Error) -> ! {
 pub(crate) fn take_flags(locks: &[Option<&RseqLock>]) -> Vec<bool> {
     // 1. Raise: a sequence where we run on the lock's CPU, a flag elsewhere.
     let mut held = vec![false; locks.len()];
-    let mut raised: Vec<(usize, u32)> = Vec::new();
+    let mut raised: Vec<(usize, u32, u32)> = Vec::new();
     for (i, lock) in locks.iter().enumerate() {
         let Some(lock) = lock else { continue };
         if lock.fallback() {
@@ -1241,17 +1454,29 @@ pub(crate) fn take_flags(locks: &[Option<&RseqLock>]) -> Vec<bool> {
             Section::Busy(_) | Section::Aborted => {}
             Section::WrongCpu => {
                 if let Some(flag) = lock.raise() {
-                    raised.push((i, flag));
+                    raised.push((i, flag, 0));
                 }
             }
         }
     }
-    // 2. Wait for the answers together, up to the longest budget among them.
+    // 2. Call each CPU once, after all its flags: one answer there settles them all.
+    for n in 0..raised.len() {
+        let (i, _, _) = raised[n];
+        let Some(lock) = locks[i] else { continue };
+        let earlier = raised[..n]
+            .iter()
+            .find(|&&(j, _, _)| locks[j].is_some_and(|l| l.cpu == lock.cpu));
+        raised[n].2 = match earlier {
+            Some(&(_, _, call)) => call,
+            None => lock.call(),
+        };
+    }
+    // 3. Wait for the answers together, up to the longest budget among them.
     #[cfg(not(loom))]
     {
         let budget = raised
             .iter()
-            .filter_map(|&(i, _)| locks[i].map(RseqLock::budget))
+            .filter_map(|&(i, _, _)| locks[i].map(RseqLock::budget))
             .max()
             .unwrap_or(0);
         if budget > 0 {
@@ -1259,7 +1484,7 @@ pub(crate) fn take_flags(locks: &[Option<&RseqLock>]) -> Vec<bool> {
             let mut spins = 0u32;
             while raised
                 .iter()
-                .any(|&(i, flag)| locks[i].is_some_and(|l| !l.answered(flag)))
+                .any(|&(i, flag, call)| locks[i].is_some_and(|l| !l.answered(flag, call)))
             {
                 crate::sync::spin_loop();
                 spins = spins.wrapping_add(1);
@@ -1269,9 +1494,9 @@ pub(crate) fn take_flags(locks: &[Option<&RseqLock>]) -> Vec<bool> {
             }
         }
     }
-    // 3. Fence the CPUs that did not answer, and check each flag.
+    // 4. Fence the CPUs that did not answer, and check each flag.
     let mut failure = None;
-    for (n, &(i, flag)) in raised.iter().enumerate() {
+    for &(i, flag, call) in &raised {
         let Some(lock) = locks[i] else { continue };
         if failure.is_some() {
             lock.back_out(flag);
@@ -1279,12 +1504,14 @@ pub(crate) fn take_flags(locks: &[Option<&RseqLock>]) -> Vec<bool> {
             continue;
         }
         let waited = lock.budget() > 0;
-        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| lock.settle(flag, waited))) {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            lock.settle(flag, call, waited)
+        })) {
             Ok(taken) => held[i] = taken,
-            Err(payload) => failure = Some((n, payload)),
+            Err(payload) => failure = Some(payload),
         }
     }
-    if let Some((_, payload)) = failure {
+    if let Some(payload) = failure {
         for (i, lock) in locks.iter().enumerate() {
             if held[i] {
                 if let Some(lock) = lock {
@@ -1331,8 +1558,8 @@ unsafe impl RawLocalLock for RseqLock {
             fallback,
             fair: FairLock::new(),
             epoch: AtomicU32::new(0),
-            ack_budget: AtomicU32::new(ACK_BUDGET_NS),
-            ack: AtomicU32::new(FREE),
+            flag_call: AtomicU32::new(0),
+            handoffs: AtomicU32::new(0),
             #[cfg(loom)]
             mock: loom_mock::Cpu::new(),
         }
@@ -1413,6 +1640,8 @@ mod loom_mock {
         interrupts: Mutex<u64>,
         futex: Mutex<()>,
         woken: Condvar,
+        /// The CPU's beacon: per lock under loom, where each model has one lock per CPU.
+        pub(super) beacon: super::Beacon,
     }
 
     impl Cpu {
@@ -1421,6 +1650,7 @@ mod loom_mock {
                 interrupts: Mutex::new(0),
                 futex: Mutex::new(()),
                 woken: Condvar::new(),
+                beacon: super::Beacon::new(),
             }
         }
 
@@ -1462,6 +1692,12 @@ mod loom_mock {
             word.swap(value, ordering);
             drop(interrupts);
             true
+        }
+
+        /// The end of a sequence that stores nothing: whether it ran to its end unaborted since
+        /// `started` (a load inside it is then known to have run on this CPU).
+        pub(super) fn unaborted(&self, started: u64) -> bool {
+            *self.interrupts.lock().unwrap() == started
         }
 
         /// `membarrier(.._RSEQ, FLAG_CPU, cpu)`: the interrupt lands on this CPU between two

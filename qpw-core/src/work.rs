@@ -854,7 +854,11 @@ impl PerCpuWork {
         limit: Option<(Instant, Duration)>,
     ) -> DrainReport {
         let shared = &*self.shared;
-        let mut report = DrainReport::default();
+        let started = Instant::now();
+        let mut report = DrainReport {
+            timeout: limit.map(|(_, timeout)| timeout),
+            ..DrainReport::default()
+        };
         let mut posted = Vec::new();
         for (idx, cpu) in shared.inner.managed.iter().enumerate() {
             if !needs(cpu) {
@@ -889,6 +893,7 @@ impl PerCpuWork {
                 report.errors.push(e);
             }
         }
+        report.elapsed = started.elapsed();
         report
     }
 }
@@ -910,12 +915,38 @@ pub struct DrainReport {
     pub skipped: CpuSet,
     /// What went wrong: stalls, panics, refusals; at most one per CPU.
     pub errors: Vec<Error>,
+    /// How long the drain took, from the call to its return.
+    pub elapsed: Duration,
+    /// The deadline it was given ([`PerCpuWork::drain_all_timeout`]), if any.
+    pub timeout: Option<Duration>,
 }
 
 impl DrainReport {
     /// Whether every CPU that needed the work got it done.
     pub fn is_complete(&self) -> bool {
         self.errors.is_empty()
+    }
+
+    /// Whether the drain returned after its deadline. A deadline bounds every wait the drain
+    /// makes (for a queued CPU's worker, for a remote CPU's lock), but not what it cannot
+    /// interrupt: a work function that runs long, or the one system call a fenced CPU's lock
+    /// may need (a `membarrier` fence waits for the target CPU's interrupt, which a vCPU the
+    /// hypervisor does not run takes late). This says when that happened; the report's
+    /// `elapsed` says by how much.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use qpw_core::{CpuSpec, Policy, Qpw};
+    ///
+    /// let qpw = Qpw::builder().cpus(CpuSpec::Logical(2)).policy(Policy::Remote).build()?;
+    /// let work = qpw.work(|_ctx| {})?;
+    /// let report = work.drain_all_timeout(|_cpu| true, Duration::from_secs(5));
+    /// assert!(report.is_complete() && !report.overran());
+    /// assert_eq!(report.timeout, Some(Duration::from_secs(5)));
+    /// # Ok::<(), qpw_core::Error>(())
+    /// ```
+    pub fn overran(&self) -> bool {
+        self.timeout.is_some_and(|timeout| self.elapsed > timeout)
     }
 
     /// The report, or its first error.
