@@ -23,13 +23,15 @@
 //!    runs on the CPU, loads the word, and if it is `FREE` commits `HELD` with a plain store as
 //!    its last instruction. Release is another sequence that commits `FREE` when nobody waits
 //!    (or a hand-over to a sleeper). No atomic read-modify-write. When the sequence finds a
-//!    requester's flag in the word instead, the owner *answers* it: it stores the flag it read
-//!    (epoch included) into the lock's answer cell, then waits for the requester.
+//!    requester's flag in the word instead, the owner *answers*: a second sequence reads its
+//!    CPU's call counter and the owner publishes what it read in the CPU's answer cell, then
+//!    waits for the requester, answering again and again while it spins.
 //! 2. **Requester** (a thread on any other CPU), one at a time per lock (a side mutex):
 //!    - *raise the flag*: `CAS` the word from `FREE` to `FENCED | epoch << 2`, a new epoch for
 //!      every flag (the epoch counter lives under the side mutex);
-//!    - *wait for the answer*, up to about 2 us while owners answer (not at all after a wait
-//!      that got none, until an answer is seen again);
+//!    - *call the CPU*: bump its call counter, after the flag;
+//!    - *wait for an answer that reaches the call*, up to about 2 us while the CPU answers (not
+//!      at all after a wait that got none, until an answer is seen again);
 //!    - *if none came, fence the CPU*: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ,
 //!      MEMBARRIER_CMD_FLAG_CPU, cpu)`, which returns only after the target CPU, if it runs a
 //!      thread of this process, has taken an interrupt that aborts any restartable sequence
@@ -40,11 +42,12 @@
 //!      (spin briefly, then sleep on the futex until the release hands it over).
 //!
 //! A walk over many CPUs ([`PerCpu::for_each_locked`](crate::PerCpu::for_each_locked), and so
-//! [`read_each`](crate::PerCpu::read_each)) raises every CPU's flag first, waits for the
-//! answers together, and fences only the CPUs that did not answer. A
-//! [`drain_all`](crate::PerCpuWork::drain_all) cannot: its locks are taken inside the work
-//! function, one CPU after another, so each CPU's lock gets its own wait and, unanswered, its
-//! own fence.
+//! [`read_each`](crate::PerCpu::read_each)) raises every CPU's flag first, calls each CPU
+//! once, waits for the answers together, and fences only the CPUs that did not answer. A
+//! [`drain_all`](crate::PerCpuWork::drain_all) cannot raise ahead: its locks are taken inside
+//! the work function, one CPU after another, so each CPU gets its own wait; but a work function
+//! that takes a second lock of a CPU while it holds the first gets the answer from the owner
+//! waiting for the first, with no fence.
 //!
 //! # Why it is correct
 //!
@@ -61,14 +64,15 @@
 //!   load sees the flag (or a later value): it does not store `HELD` over a held lock.
 //!
 //! An answer replaces the fence because it settles the same three cases. It was published by
-//! a sequence that read our flag on the lock's CPU: a sequence of that CPU that committed over
-//! the flag would have come earlier in that CPU's order and been seen instead (and the flag,
-//! with its epoch, never comes back once overwritten); one in flight belongs to a thread that
-//! was not running, so it was preempted and will abort; and later ones load the flag or a newer
-//! value. The answer must carry the epoch, or an answer to an earlier flag would settle a flag
-//! no owner has seen; and it must come from a sequence of the lock's CPU, or it would prove
-//! nothing about that CPU's sequences in flight ([`RseqLock`]'s module docs give the whole
-//! argument, and the waiter handshake, which needs no process-wide barrier).
+//! a thread whose sequence read our call on the lock's CPU, after our flag was raised: a
+//! sequence of that CPU that committed over the flag came earlier in that CPU's order, and our
+//! check after the answer sees it (the flag, with its epoch, never comes back once
+//! overwritten); one in flight belongs to a thread that was not running, so it was preempted
+//! and will abort; and later ones load the flag or a newer value. The answer must be compared
+//! with our call, or an answer to an earlier call would settle a flag no sequence has seen;
+//! and it must come from a sequence of the lock's CPU, or it would prove nothing about that
+//! CPU's sequences in flight ([`RseqLock`]'s module docs give the whole argument, and the
+//! waiter handshake, which needs no process-wide barrier).
 //!
 //! So at most one of the owner and the requester holds the lock; two requesters are kept
 //! apart by the side mutex and by the `CAS` itself; a holder that migrated while holding
@@ -96,8 +100,9 @@
 //! pass, in a mock where only an abort (the fence's, or a preemption's) stops an owner's
 //! commit whose load has gone stale. Each fails, as a permanent test, when one step is left
 //! out (a loom-only switch, `rseq::mock::with_mutation`): the requester's fence or its check
-//! (every model with an owner), the side mutex (two preempted requesters), an answer's epoch
-//! (twice each), an answer's origin on the lock's CPU (a second requester answering), and the
+//! (every model with an owner), the side mutex (two preempted requesters), comparing the
+//! answer with the call (twice each), an answer's origin on the lock's CPU (a second requester
+//! answering), and the
 //! waiter's fence before it sleeps (a lost wake: loom reports the deadlock). What loom cannot
 //! check is the mock's premise, that membarrier and a preemption abort and order as the
 //! kernel documents; the stress on real CPUs is the check of that.

@@ -41,7 +41,7 @@
 //! | `cpumask_any_housekeeping` | same | [`Topology::housekeeping_cpu`] | | |
 //! | `smp_processor_id()` | same | [`rseq::current_cpu`], else [`current_cpu`] (`sched_getcpu`) | | |
 //! | non-RT `local_lock` (`preempt_disable`) | same | [`RseqLock`] in [`Qpw::per_cpu_with`] | restartable sequence, plain stores | refused |
-//! | none (userspace has no `preempt_disable`) | none | [`Mode::Fenced`] ([`Policy::Fenced`], [`Policy::FencedOn`]): [`Qpw::per_cpu`] slots get a [`FencedLock`]; [`PerCpu::bound_slot`] for a pinned thread's hot loop | | as remote mode, but the owner takes the lock with a restartable sequence and the caller fences the CPU with `membarrier` |
+//! | none (userspace has no `preempt_disable`) | none | [`Mode::Fenced`] ([`Policy::Fenced`], [`Policy::FencedOn`]): [`Qpw::per_cpu`] slots get a [`FencedLock`]; [`PerCpu::bound_slot`] for a pinned thread's hot loop | | as remote mode, but the owner takes the lock with a restartable sequence; the caller raises a flag and waits for the CPU's answer, or fences it with `membarrier` |
 //! | none (thread-per-core, Seastar) | none | [`Qpw::owned_per_cpu`], [`Owner::lock_local`], [`Owner::poll`] | one owner, work run at its poll | refused |
 //!
 //! # How the local lock excludes, in each mode, and what it costs
@@ -61,11 +61,12 @@
 //!   the requester and back, once per drain, instead of a context switch on the target. The
 //!   owner's fast path is the same compare-and-swap as in queue mode.
 //! - **Fenced mode.** As remote mode, but the owner takes its CPU's lock with plain stores in
-//!   a restartable sequence, and a requester on another CPU raises a flag and fences that CPU
-//!   with `membarrier` (an interrupt there, while a thread of this process runs on it) before
-//!   it may hold the lock: the owner's path loses its atomics, the requester's drain gains a
-//!   system call and an inter-processor interrupt ([`fenced_lock`] has the protocol and its
-//!   argument).
+//!   a restartable sequence, and a requester on another CPU raises a flag and, before it may
+//!   hold the lock, either gets the CPU's *answer* (an owner busy on its lock reads the flag
+//!   and answers within a fraction of a microsecond: no interrupt) or fences that CPU with
+//!   `membarrier` (an interrupt there, while a thread of this process runs on it): the
+//!   owner's path loses its atomics, the requester's drain gains a short wait or a system call
+//!   and an inter-processor interrupt ([`fenced_lock`] has the protocol and its argument).
 //!
 //! Why the atomic word is correct: the word is changed only by atomic read-modify-write with acquire/release
 //! ordering, so exclusion holds whatever CPUs the contenders run on, and the data written by
@@ -92,7 +93,7 @@
 //! |---|---|---|---|---|---|
 //! | [`FairLock`] (default in queue and remote mode) | [`Qpw::per_cpu`] | one atomic word | two compare-and-swaps | yes: remote mode, `for_each_locked` | always available |
 //! | [`RseqLock`] | [`Qpw::per_cpu_with`] | a restartable sequence whose last instruction, a plain store, the kernel aborts on preemption or migration | plain loads and stores, no atomic read-modify-write | no (queue mode only, no [`RawRemoteLock`]); a thread that finds itself elsewhere fences the CPU with `membarrier` first | falls back to the [`FairLock`] protocol, reported by [`rseq::status`] and [`Qpw::describe`] |
-//! | [`FencedLock`] | [`Qpw::per_cpu`] on fenced-mode CPUs, or [`Qpw::per_cpu_with`] | the same restartable sequence as [`RseqLock`] | plain loads and stores, no atomic read-modify-write | yes: a requester raises a flag, fences the one CPU with `membarrier` (aborting any sequence in flight there), then waits for a holder that had committed; remote-mode drains run in the requester, no worker | falls back to the [`FairLock`] protocol, as [`RseqLock`] does |
+//! | [`FencedLock`] | [`Qpw::per_cpu`] on fenced-mode CPUs, or [`Qpw::per_cpu_with`] | the same restartable sequence as [`RseqLock`] | plain loads and stores, no atomic read-modify-write | yes: a requester raises a flag, waits briefly for the CPU's answer, else fences the one CPU with `membarrier` (aborting any sequence in flight there), then waits for a holder that had committed; remote-mode drains run in the requester, no worker | falls back to the [`FairLock`] protocol, as [`RseqLock`] does |
 //! | owner-only | [`Qpw::owned_per_cpu`] | one owning thread per CPU ([`Owner`], `!Send`), enforced | a borrow flag: no lock word at all | no: work is posted to the CPU's mailbox and run by the owner when it polls | always available |
 //!
 //! Waiting is the same story in each: a waiter on the [`FairLock`] or the [`RseqLock`]

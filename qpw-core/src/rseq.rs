@@ -406,11 +406,12 @@ pub mod mock {
         /// The requester fences but does not look at the word again: it claims a lock that a
         /// sequence committed over its flag before the fence.
         SkipCheck,
-        /// Any thread that finds a flag in the word answers it, not only a sequence of the
-        /// lock's CPU: an answer then proves nothing about the sequences in flight there.
+        /// Any thread that finds a flag in the word answers (reads the call and publishes it),
+        /// not only a sequence of the lock's CPU: an answer then proves nothing about the
+        /// sequences in flight there.
         AckFromAnyThread,
-        /// Answers carry no epoch: a requester takes an answer to an earlier flag for one to
-        /// its own.
+        /// A requester takes any answer for one to its own call, without comparing the two: an
+        /// answer to an earlier call settles a flag no sequence has seen.
         AckWithoutEpoch,
         /// Requesters do not take the side mutex: two of them can raise flags of one epoch,
         /// and one can take the other's flag for its own (ABA on the word).

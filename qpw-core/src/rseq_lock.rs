@@ -14,18 +14,20 @@
 //!
 //! # The protocol
 //!
-//! The lock word takes four kinds of value: `FREE`, `HELD`, `HANDOFF` (released to a sleeping
-//! waiter, which has not claimed it yet) and a requester's *flag*, `FENCED | epoch << 2` (held,
-//! or being taken, by a thread on another CPU; every flag raised on a lock has a new epoch).
-//! Besides the word: a count of registered waiters, the epoch counter, and an *answer* cell
-//! where an owner publishes a flag it has seen.
+//! The lock word takes four kinds of value: `FREE`, `HELD`, a *hand-over* `HANDOFF | gen << 2`
+//! (released to a sleeping waiter, which has not claimed it yet; each hand-over has a new
+//! generation) and a requester's *flag*, `FENCED | epoch << 2` (held, or being taken, by a
+//! thread on another CPU; every flag raised on a lock has a new epoch). Besides the word: a
+//! count of registered waiters and the epoch counter; and, per CPU, a *beacon*: a call counter
+//! that requesters bump and an answer cell where the CPU's threads publish the call they read.
 //!
 //! - **Acquire, on the lock's CPU** (the owner's fast path): one restartable sequence that
 //!   checks the thread's `cpu_id` against the lock's CPU, loads the word, and if it is `FREE`
 //!   commits `HELD` with a plain store. The store is the sequence's last instruction, so either
 //!   it happened with no other thread of the CPU running since the load, or the kernel aborted
 //!   the sequence and we try again. No atomic read-modify-write. When the word holds a flag,
-//!   the owner *answers* it: after the sequence it stores the flag it read into the answer cell.
+//!   the owner *answers*: a second sequence reads its CPU's call counter, and the owner stores
+//!   what it read into the CPU's answer cell (and keeps answering while it waits).
 //! - **Release, on the lock's CPU**: another restartable sequence, which checks the CPU and that
 //!   no waiter is registered, and commits `FREE`. No atomic read-modify-write either.
 //! - **Release from elsewhere, or with a waiter** (a requester, a holder that migrated, or any
@@ -33,8 +35,9 @@
 //!   and a `futex` wake of one sleeper.
 //! - **Acquire from another CPU** (a requester; also a thread that migrated, one the kernel did
 //!   not register, or a lock of no CPU): under the lock's side mutex, take the next epoch and
-//!   `CAS` the word from `FREE` to that epoch's flag; then wait briefly for the owner's answer
-//!   to *this* flag; if none came, *fence the lock's CPU* with
+//!   `CAS` the word from `FREE` to that epoch's flag; *call* the lock's CPU (bump its call
+//!   counter); then wait briefly for an answer that has reached this call; if none came,
+//!   *fence the lock's CPU* with
 //!   `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED_RSEQ, MEMBARRIER_CMD_FLAG_CPU, cpu)`; then
 //!   look again: the word still holding our flag means we hold the lock; anything else means a
 //!   sequence of that CPU committed `HELD` over the flag, and we wait like any waiter. A fence
@@ -44,8 +47,9 @@
 //!   elsewhere, for tens of microseconds; on a hold seen from another CPU, for a few; on the
 //!   lock's own CPU only a few times, since the holder then needs the CPU), then register (an
 //!   atomic add to the count), order the registration against the lock's CPU (below), and sleep
-//!   on the word with `futex` until it changes; a waiter that finds `HANDOFF` claims it with a
-//!   compare-and-swap to `HELD`. So a waiter on the same CPU as a preempted holder sleeps
+//!   on the word with `futex` until it changes; a waiter that finds a hand-over made after it
+//!   registered claims it with a compare-and-swap to `HELD` (one made before is for an earlier
+//!   waiter: a newcomer that took it could starve a woken waiter still on its way to a CPU). So a waiter on the same CPU as a preempted holder sleeps
 //!   instead of spinning against it (a `SCHED_FIFO` worker spinning would never let a
 //!   `SCHED_OTHER` holder run, and yielding would not help it), and a release hands the lock to
 //!   the sleeper instead of letting the releaser re-take it in a tight loop (the fairness
@@ -59,7 +63,7 @@
 //! | `FREE` | any thread of the lock's CPU | plain store of `HELD`, committed by a restartable sequence |
 //! | `FREE` | one requester of another CPU (under the side mutex) | `CAS` to a flag of a new epoch, then the answer or the CPU fence, then the check |
 //! | `HELD`, a flag | the holder | a restartable sequence of the lock's CPU committing `FREE`, or a full-fenced store of `FREE` or `HANDOFF` |
-//! | `HANDOFF` | a registered waiter, from any CPU | `CAS` to `HELD` |
+//! | a hand-over | a waiter registered before it, from any CPU | `CAS` to `HELD` |
 //!
 //! Only in the `FREE` state can two parties store, and there the plain stores all come from
 //! one CPU, whose restartable sequences exclude each other (the kernel aborts one that was
@@ -76,29 +80,35 @@
 //! # The answer: a fence the owner makes for free
 //!
 //! The fence's only job is to settle the sequences of the lock's CPU that may have loaded
-//! `FREE` before our flag. An owner's sequence settles them too, when it loads the word and
-//! finds our flag: that load ran on the lock's CPU, inside a sequence (so with the thread on
-//! that CPU since its CPU check), and
+//! `FREE` before our flag. A restartable sequence of that CPU settles them too, when it reads
+//! a call made after the flag: that read ran on the lock's CPU inside a sequence (so with the
+//! thread on that CPU since its CPU check), and
 //!
 //! 1. no sequence of that CPU committed over the flag before it: that commit would be earlier
-//!    in the CPU's own order, and the load would have seen `HELD` (or a later value, never our
-//!    flag again: epochs are not reused while the flag can be in the word);
+//!    in the CPU's own order, and the requester's check of the word (which happens after it
+//!    sees the answer, published after the read) sees it (the flag, with its epoch, never
+//!    comes back once overwritten);
 //! 2. any other sequence in flight on that CPU belongs to a thread that is not running, so it
 //!    was preempted and will be aborted before it can commit;
-//! 3. every later sequence of that CPU loads our flag or a newer value, and does not commit
-//!    over it.
+//! 3. every later sequence of that CPU loads our flag or a newer value, since the call was
+//!    made (a release) after the flag was raised, and the read acquired it.
 //!
-//! So an answer carrying our flag (epoch included) proves what the fence would have, and the
-//! requester skips the fence and its interrupt. The answer must come from such a sequence (a
-//! thread that merely loads the word elsewhere proves nothing about the sequences of the lock's
-//! CPU) and must carry the epoch (an answer to an earlier flag says nothing about this one);
-//! the side mutex is what keeps epochs unique, since the counter is advanced under it. A
-//! requester waits for the answer only while answers come: up to 2 us after an
-//! answered flag, not at all after a wait that got none, and again as soon as an answer is seen
-//! (after a fence, or while it held the lock). An owner that runs without touching its lock
-//! never answers, and gets the fence. [`set_acks`] turns the waiting off, for comparisons; the
-//! owner's path is the same either way (the load it already had, now into a register, and an
-//! out-of-line store when it finds a flag).
+//! So an answer that has reached our call proves what the fence would have, for every flag we
+//! raised on that CPU's locks before the call, and the requester skips the fence and its
+//! interrupt. A walk over many CPUs raises all its flags, calls each CPU once, and waits for
+//! the answers together; a drain that takes a second lock of a CPU while it holds the first
+//! gets its answer from the owner, which answers again and again while it waits for the first.
+//! The answer must come from a sequence of the lock's CPU (a thread that merely loads the
+//! counter elsewhere proves nothing about that CPU's sequences) and must be compared with the
+//! call (an answer to an earlier call says nothing about a later flag); the side mutex keeps a
+//! lock's epochs unique, since the counter is advanced under it, so that the check after the
+//! answer cannot take another requester's flag for ours. A requester waits for the answer only
+//! while answers come: up to 2 us after an answered call, not at all after a wait that got
+//! none, and again as soon as an answer is seen (after a fence, or while its flag held the
+//! lock); the budget is per CPU. An owner that runs without touching its lock never answers,
+//! and gets the fence. [`set_acks`] turns the waiting off, for comparisons; the owner's fast
+//! path is the same either way (the load it already had, now into a register; the answer is
+//! taken only on the slow path, when the sequence finds a flag).
 //!
 //! # Waiting: the handshake without a broadcast
 //!
