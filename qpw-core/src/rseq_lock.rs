@@ -43,8 +43,8 @@
 //!   sequence of that CPU committed `HELD` over the flag, and we wait like any waiter. A fence
 //!   that fails (`membarrier` returned an error) is never papered over: the flag is backed out
 //!   and the call panics, saying so, with nothing held.
-//! - **Wait**: spin while that can pay (on a flag, whose holder is a requester running
-//!   elsewhere, for tens of microseconds; on a hold seen from another CPU, for a few; on the
+//! - **Wait**: spin while that can pay (up to 50 us on a flag, whose holder is a requester
+//!   running elsewhere, on a hold seen from another CPU, and on a hand-over under way; on the
 //!   lock's own CPU only a few times, since the holder then needs the CPU), then register (an
 //!   atomic add to the count), order the registration against the lock's CPU (below), and sleep
 //!   on the word with `futex` until it changes; a waiter that finds a hand-over made after it
@@ -106,9 +106,9 @@
 //! while answers come: up to 2 us after an answered call, not at all after a wait that got
 //! none, and again as soon as an answer is seen (after a fence, or while its flag held the
 //! lock); the budget is per CPU. An owner that runs without touching its lock never answers,
-//! and gets the fence. [`set_acks`] turns the waiting off, for comparisons; the owner's fast
-//! path is the same either way (the load it already had, now into a register; the answer is
-//! taken only on the slow path, when the sequence finds a flag).
+//! and gets the fence. [`set_acks`] turns the waiting off, for comparisons. The owner's
+//! acquire sequence is the one it had before answers existed: the answer is taken only on the
+//! slow path, when the sequence finds the word busy and a look at it shows a flag.
 //!
 //! # Waiting: the handshake without a broadcast
 //!
@@ -458,9 +458,8 @@ static BEACONS: [CachePadded<Beacon>; crate::CpuSet::MAX_CPU + 1] =
 enum Section {
     /// Committed: the lock is ours.
     Acquired,
-    /// The word was not `FREE`: it held this value, read on the lock's CPU inside the
-    /// sequence (what an owner's answer to a flag publishes).
-    Busy(u32),
+    /// The word was not `FREE`.
+    Busy,
     /// The thread does not run on the lock's CPU (or has no rseq registration).
     WrongCpu,
     /// The kernel aborted the sequence (preemption, migration, signal): try again.
@@ -578,7 +577,6 @@ impl RseqLock {
         };
         let word = self.word.as_ptr();
         let outcome: u32;
-        let seen: u32;
         // SAFETY: (1) `area` is the calling thread's `struct rseq` as glibc registered it (the
         // lock is used only when glibc registered one: `lock_available`), so `cpu_id` at
         // offset 4 and `rseq_cs` at offset 8 are in bounds, and the thread may write `rseq_cs`
@@ -616,11 +614,9 @@ impl RseqLock {
                 "4:",
                 "cmp dword ptr [{area} + 4], {cpu:e}",
                 "jne 7f",
-                // Is the word FREE? (Loaded inside the sequence, so that a busy word is known
-                // to have been read on the lock's CPU: what an answer to a flag needs.)
-                "mov {seen:e}, dword ptr [{word}]",
-                "test {seen:e}, {seen:e}",
-                "jnz 8f",
+                // Is the word FREE?
+                "cmp dword ptr [{word}], 0",
+                "jne 8f",
                 // Commit: the last instruction of the sequence.
                 "mov dword ptr [{word}], 1",
                 // post_commit_ip: the fast path falls through to the end.
@@ -645,14 +641,13 @@ impl RseqLock {
                 cpu = in(reg) self.cpu,
                 word = in(reg) word,
                 tmp = out(reg) _,
-                seen = out(reg) seen,
                 out = out(reg) outcome,
                 options(nostack),
             );
         }
         match outcome {
             0 => Section::Acquired,
-            1 => Section::Busy(seen),
+            1 => Section::Busy,
             2 => Section::WrongCpu,
             _ => Section::Aborted,
         }
@@ -822,9 +817,8 @@ impl RseqLock {
             return Section::WrongCpu;
         }
         let started = self.mock.start();
-        let seen = self.word.load(Ordering::Acquire);
-        if seen != FREE {
-            return Section::Busy(seen);
+        if self.word.load(Ordering::Acquire) != FREE {
+            return Section::Busy;
         }
         // The commit does not look at the word again: the store goes in whatever it holds
         // now, as the kernel's would, unless the sequence was aborted since `start`.
@@ -864,11 +858,13 @@ impl RseqLock {
         loop {
             match self.section() {
                 Section::Aborted => continue,
-                Section::Busy(seen) => {
-                    if is_flag(seen) {
+                Section::Busy => {
+                    // A requester's flag? Then answer it (the answer reads the CPU's call in a
+                    // sequence of its own: this look at the word is only the hint to do so).
+                    if is_flag(self.word.load(Ordering::Relaxed)) {
                         self.answer();
                     }
-                    return Section::Busy(seen);
+                    return Section::Busy;
                 }
                 outcome => return outcome,
             }
@@ -940,7 +936,7 @@ impl RseqLock {
     fn try_once(&self) -> bool {
         match self.section_answering() {
             Section::Acquired => true,
-            Section::Busy(_) => false,
+            Section::Busy => false,
             Section::WrongCpu | Section::Aborted => self.try_fenced(),
         }
     }
@@ -1461,7 +1457,7 @@ pub(crate) fn take_flags(locks: &[Option<&RseqLock>]) -> Vec<bool> {
         }
         match lock.section_answering() {
             Section::Acquired => held[i] = true,
-            Section::Busy(_) | Section::Aborted => {}
+            Section::Busy | Section::Aborted => {}
             Section::WrongCpu => {
                 if let Some(flag) = lock.raise() {
                     raised.push((i, flag, 0));
@@ -1588,7 +1584,7 @@ unsafe impl RawLocalLock for RseqLock {
     fn try_lock(&self) -> bool {
         match self.section_answering() {
             Section::Acquired => true,
-            Section::Busy(_) => false,
+            Section::Busy => false,
             _ if self.fallback() => self.fair.try_lock(),
             _ => self.try_fenced(),
         }
