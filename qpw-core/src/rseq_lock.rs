@@ -1184,7 +1184,13 @@ impl RseqLock {
                     return false;
                 }
             }
-            crate::sync::spin_loop();
+            if here && is_handoff(seen) {
+                // The woken waiter may be a thread of this CPU: let it run (when it runs
+                // elsewhere, nothing else is runnable here and this returns at once).
+                crate::sync::thread::yield_now();
+            } else {
+                crate::sync::spin_loop();
+            }
         }
     }
 
