@@ -40,7 +40,7 @@ fn case01_remote_work_after_shutdown_is_refused() {
     let qpw = logical(2, Policy::Remote);
     let (work, runs) = counting_work(&qpw);
     assert!(work.queue_on(1).unwrap());
-    qpw.shutdown();
+    let _ = qpw.shutdown();
     assert!(qpw.is_shut_down());
     let err = work.queue_on(1).unwrap_err();
     assert_eq!(err, Error::ShutDown { cpu: 1 });
@@ -59,7 +59,7 @@ fn case01_remote_work_after_shutdown_is_refused() {
     // A mixed instance: every CPU refused, none run.
     let qpw = logical(2, Policy::RemoteOn("1".parse().unwrap()));
     let (work, runs) = counting_work(&qpw);
-    qpw.shutdown();
+    let _ = qpw.shutdown();
     let report = work.drain_all(|_| true);
     assert!(report.ran_remote.is_empty(), "{report:?}");
     assert_eq!(report.errors.len(), 2, "{report:?}");

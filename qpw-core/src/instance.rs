@@ -398,8 +398,9 @@ struct Handle {
 impl Drop for Handle {
     fn drop(&mut self) {
         // Never waits: the dropping thread may hold a lock that queued work needs, or be one
-        // of the workers (issue 13, cases 5 and 6). The workers finish their queues alone.
-        self.inner.stop(false);
+        // of the workers (issue 13, cases 5 and 6). The workers finish their queues alone, and
+        // a panic no flush collected is printed when its item is dropped (crate docs).
+        let _ = self.inner.stop(false);
     }
 }
 
@@ -693,6 +694,7 @@ fn lock_name<L>() -> &'static str {
 
 /// What the workers did while the instance shut down.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use = "the report carries the panics of runs no flush collected"]
 pub struct ShutdownReport {
     /// Work items that were still queued when the shutdown began and ran before the workers
     /// exited.

@@ -210,6 +210,11 @@
 #[doc = include_str!("../../README.md")]
 struct ReadmeSnippet;
 
+/// The crate's own README (what crates.io shows), run as a doctest so that it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct CrateReadme;
+
 mod affinity;
 mod cpuset;
 pub mod cross_call;

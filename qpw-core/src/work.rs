@@ -899,8 +899,22 @@ impl PerCpuWork {
 }
 
 /// What a [`PerCpuWork::drain_all`] did, CPU by CPU.
+///
+/// It carries the drain's errors (stalls, panics of the work, refusals), each reported once,
+/// here: dropping it unread loses them, so the compiler says so.
+///
+/// ```compile_fail
+/// #![deny(unused_must_use)]
+/// # fn main() -> Result<(), qpw_core::Error> {
+/// let qpw = qpw_core::Qpw::new()?;
+/// let work = qpw.work(|_ctx| {})?;
+/// work.drain_all(|_cpu| true); // error: unused `DrainReport` that must be used
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
+#[must_use = "the report carries the drain's errors (stalls, panics), reported nowhere else"]
 pub struct DrainReport {
     /// CPUs whose work was posted to their worker (and flushed).
     pub queued: CpuSet,
