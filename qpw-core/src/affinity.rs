@@ -12,9 +12,20 @@ use std::io;
 
 use crate::{CpuSet, Error, Result};
 
-/// The CPUs the process may run on: the union of the main thread's and the calling thread's
-/// `sched_getaffinity` masks, read on the first call and kept, so that a thread which has
-/// since pinned itself (or been bound by the framework) still sees the whole set.
+/// The CPUs the process may run on: the main thread's affinity when the program started (read
+/// by a constructor that runs before `main`, so that pinning the main thread later does not
+/// narrow it), united with the main thread's and the calling thread's affinity now (either may
+/// have been widened since, within the process's cpuset). Read afresh on every call: a thread
+/// that has pinned itself, or been bound by the framework, still sees the whole set, and so
+/// does a program that pins its main thread before it builds its instance.
+///
+/// ```
+/// let allowed = qpw_core::allowed_cpus()?;
+/// qpw_core::pin_current_thread(allowed.first().unwrap())?;
+/// assert_eq!(qpw_core::allowed_cpus()?, allowed); // pinning narrows the thread, not the set
+/// qpw_core::set_current_affinity(&allowed)?;
+/// # Ok::<(), qpw_core::Error>(())
+/// ```
 pub fn allowed_cpus() -> Result<CpuSet> {
     #[cfg(loom)]
     {
@@ -22,14 +33,73 @@ pub fn allowed_cpus() -> Result<CpuSet> {
     }
     #[cfg(not(loom))]
     {
-        static ALLOWED: std::sync::OnceLock<CpuSet> = std::sync::OnceLock::new();
-        if let Some(set) = ALLOWED.get() {
-            return Ok(set.clone());
-        }
         // SAFETY: `getpid` has no preconditions; the main thread's tid is the pid.
         let main = thread_affinity(unsafe { libc::getpid() })?;
-        let set = main.union(&thread_affinity(0)?);
-        Ok(ALLOWED.get_or_init(|| set).clone())
+        let mut set = main.union(&thread_affinity(0)?);
+        if let Some(start) = startup::mask() {
+            set = set.union(&start);
+        }
+        Ok(set)
+    }
+}
+
+/// The main thread's affinity as the program started, captured before `main`.
+#[cfg(all(not(loom), target_os = "linux"))]
+mod startup {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use crate::CpuSet;
+
+    const WORDS: usize = (CpuSet::MAX_CPU + 1).div_ceil(64);
+    static BITS: [AtomicU64; WORDS] = [const { AtomicU64::new(0) }; WORDS];
+    static CAPTURED: AtomicBool = AtomicBool::new(false);
+
+    /// Runs from the ELF `.init_array`, before `main` and before any thread of the program
+    /// exists: plain system calls and atomics, nothing of std that needs its runtime.
+    extern "C" fn capture() {
+        // SAFETY: `cpu_set_t` is plain data for which all-zero bytes is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed; `getpid` has no
+        // preconditions (the main thread's tid is the pid).
+        let rc = unsafe {
+            libc::sched_getaffinity(libc::getpid(), std::mem::size_of_val(&set), &mut set)
+        };
+        if rc != 0 {
+            return;
+        }
+        for cpu in 0..=CpuSet::MAX_CPU {
+            // SAFETY: `cpu` is below CPU_SETSIZE, the bound `CPU_ISSET` requires.
+            if unsafe { libc::CPU_ISSET(cpu, &set) } {
+                BITS[cpu / 64].fetch_or(1 << (cpu % 64), Ordering::Relaxed);
+            }
+        }
+        CAPTURED.store(true, Ordering::Release);
+    }
+
+    /// The constructor's entry. `#[used]` keeps it in the binary even though nothing names
+    /// it; the loader calls every pointer of `.init_array` before `main`.
+    #[used]
+    #[link_section = ".init_array"]
+    static CAPTURE: extern "C" fn() = capture;
+
+    /// The captured mask, if the constructor ran (it does in every program linked against
+    /// the crate on Linux; not in a crate loaded in some other way).
+    pub(super) fn mask() -> Option<CpuSet> {
+        if !CAPTURED.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            (0..=CpuSet::MAX_CPU)
+                .filter(|&cpu| BITS[cpu / 64].load(Ordering::Relaxed) & (1 << (cpu % 64)) != 0)
+                .collect(),
+        )
+    }
+}
+
+#[cfg(all(not(loom), not(target_os = "linux")))]
+mod startup {
+    pub(super) fn mask() -> Option<crate::CpuSet> {
+        None
     }
 }
 
