@@ -157,3 +157,47 @@ fn auto_is_a_policy_name() {
     assert_eq!(Policy::default(), Policy::Auto);
     assert!(!Policy::Auto.is_explicit() && Policy::Queue.is_explicit());
 }
+
+/// CPUs isolated at run time (a cgroup v2 isolated partition: `cpuset.cpus.isolated`) are
+/// remote by default too (issue 22's last point).
+#[test]
+fn run_time_isolated_cpus_are_remote_by_default() {
+    let allowed = qpw_core::allowed_cpus().unwrap();
+    let last = allowed.iter().last().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    FakeSysfs::new(&allowed.to_string())
+        .runtime_isolated(&last.to_string())
+        .write(dir.path())
+        .unwrap();
+    let qpw = Qpw::builder().sysfs_root(dir.path()).build().unwrap();
+    assert_eq!(qpw.mode(last).unwrap(), Mode::Remote, "{}", qpw.describe());
+    for cpu in allowed.iter().filter(|&c| c != last) {
+        assert_eq!(qpw.mode(cpu).unwrap(), Mode::Queue, "{}", qpw.describe());
+    }
+}
+
+/// `Builder::isolated` declares isolated CPUs the kernel does not report: the default policy
+/// (and `isolated`) puts them in remote mode; an explicit policy still wins (issue 26, point 5).
+#[test]
+fn declared_isolated_cpus_are_remote_under_the_default_policy() {
+    let (dir, allowed) = fake(None, None);
+    let last = allowed.iter().last().unwrap();
+    let declared = CpuSet::from_iter([last]);
+    for policy in [Policy::Auto, Policy::Isolated] {
+        let qpw = Qpw::builder()
+            .sysfs_root(dir.path())
+            .policy(policy.clone())
+            .isolated(declared.clone())
+            .build()
+            .unwrap();
+        assert_eq!(modes(&qpw).1, declared, "{policy:?}: {}", qpw.describe());
+        assert!(qpw.isolated().contains(last));
+    }
+    let queue = Qpw::builder()
+        .sysfs_root(dir.path())
+        .policy(Policy::Queue)
+        .isolated(declared)
+        .build()
+        .unwrap();
+    assert!(modes(&queue).1.is_empty(), "an explicit policy wins");
+}

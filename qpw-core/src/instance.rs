@@ -52,6 +52,7 @@ pub struct Builder {
     topology: Option<Topology>,
     sysfs_root: Option<PathBuf>,
     worker_priority: Option<i32>,
+    declared_isolated: CpuSet,
 }
 
 impl Builder {
@@ -76,6 +77,28 @@ impl Builder {
     /// it).
     pub fn topology(mut self, topology: Topology) -> Self {
         self.topology = Some(topology);
+        self
+    }
+
+    /// Treats these CPUs as isolated, besides those the kernel reports (`isolcpus=`,
+    /// `nohz_full=`, run-time isolated cpuset partitions): for a service that knows which CPUs
+    /// it keeps quiet, however the machine was set up. Only the policies that follow the
+    /// isolation ([`Policy::Auto`], the default, and [`Policy::Isolated`]) look at it: they put
+    /// these CPUs in remote mode. A CPU listed here that the instance does not manage is
+    /// ignored.
+    ///
+    /// ```
+    /// use qpw_core::{CpuSet, Mode, Qpw};
+    ///
+    /// let allowed = qpw_core::allowed_cpus()?;
+    /// let quiet = allowed.iter().last().unwrap();
+    /// let qpw = Qpw::builder().isolated(CpuSet::from_iter([quiet])).build()?;
+    /// assert_eq!(qpw.mode(quiet)?, Mode::Remote);
+    /// assert!(qpw.isolated().contains(quiet));
+    /// # Ok::<(), qpw_core::Error>(())
+    /// ```
+    pub fn isolated(mut self, cpus: CpuSet) -> Self {
+        self.declared_isolated = cpus;
         self
     }
 
@@ -147,10 +170,10 @@ impl Builder {
             (None, Some(root)) => Some(Topology::read_from(root)?),
             (None, None) => Some(Topology::read()?),
         };
-        let isolated = topology
-            .as_ref()
-            .map(Topology::isolated_or_nohz_full)
-            .unwrap_or_default();
+        let isolated = match &topology {
+            Some(t) => t.isolated_or_nohz_full().union(&self.declared_isolated),
+            None => CpuSet::default(),
+        };
 
         // A logical CPU takes the isolation of the physical CPU it runs on.
         let modes: Vec<Mode> = phys

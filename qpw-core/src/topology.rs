@@ -10,6 +10,7 @@
 //! | `devices/system/cpu/possible`, `online` | CPU lists (required) |
 //! | `devices/system/cpu/isolated` | CPUs given to `isolcpus=` (absent or empty: none) |
 //! | `devices/system/cpu/nohz_full` | CPUs given to `nohz_full=` (absent, empty or `(null)`: none) |
+//! | `fs/cgroup/cpuset.cpus.isolated` | CPUs isolated at run time by cgroup v2 isolated partitions (absent, on cgroup v1 or without the cpuset controller: none) |
 //! | `devices/system/cpu/cpuN/cache/indexM/{level,shared_cpu_list}` | the CPUs sharing each cache |
 
 use std::fs;
@@ -25,6 +26,7 @@ pub struct Topology {
     online: CpuSet,
     isolated: CpuSet,
     nohz_full: CpuSet,
+    runtime_isolated: CpuSet,
     l3_domains: Vec<CpuSet>,
 }
 
@@ -42,6 +44,7 @@ impl Topology {
         let online = read_list(&cpu_dir.join("online"), true)?;
         let isolated = read_list(&cpu_dir.join("isolated"), false)?;
         let nohz_full = read_list(&cpu_dir.join("nohz_full"), false)?;
+        let runtime_isolated = read_list(&root.join("fs/cgroup/cpuset.cpus.isolated"), false)?;
 
         // One domain per distinct L3 `shared_cpu_list`, in the order of their first CPU.
         let mut l3_domains: Vec<CpuSet> = Vec::new();
@@ -70,6 +73,7 @@ impl Topology {
             online,
             isolated,
             nohz_full,
+            runtime_isolated,
             l3_domains,
         })
     }
@@ -99,9 +103,20 @@ impl Topology {
         &self.nohz_full
     }
 
-    /// CPUs isolated either way: the ones the `isolated` policy puts in remote mode.
+    /// CPUs isolated at run time, by cgroup v2 isolated partitions
+    /// (`/sys/fs/cgroup/cpuset.cpus.isolated`; Linux 6.x, the same isolation `tuna` and tuned
+    /// can set up without a reboot).
+    pub fn runtime_isolated(&self) -> &CpuSet {
+        &self.runtime_isolated
+    }
+
+    /// CPUs isolated any way (`isolcpus=`, `nohz_full=`, or a run-time isolated partition):
+    /// the ones [`Policy::Auto`](crate::Policy::Auto) and
+    /// [`Policy::Isolated`](crate::Policy::Isolated) put in remote mode.
     pub fn isolated_or_nohz_full(&self) -> CpuSet {
-        self.isolated.union(&self.nohz_full)
+        self.isolated
+            .union(&self.nohz_full)
+            .union(&self.runtime_isolated)
     }
 
     /// The L3 cache domains, each the set of CPUs sharing one L3 (empty when sysfs has no cache
@@ -167,6 +182,7 @@ pub struct FakeSysfs {
     online: String,
     isolated: Option<String>,
     nohz_full: Option<String>,
+    runtime_isolated: Option<String>,
     l3_domains: Vec<String>,
 }
 
@@ -177,6 +193,7 @@ impl FakeSysfs {
             online: online.to_string(),
             isolated: None,
             nohz_full: None,
+            runtime_isolated: None,
             l3_domains: Vec::new(),
         }
     }
@@ -190,6 +207,12 @@ impl FakeSysfs {
     /// Writes `nohz_full` (`(null)` is what the kernel writes when unset).
     pub fn nohz_full(mut self, list: &str) -> Self {
         self.nohz_full = Some(list.to_string());
+        self
+    }
+
+    /// Writes `fs/cgroup/cpuset.cpus.isolated`, the CPUs of cgroup v2 isolated partitions.
+    pub fn runtime_isolated(mut self, list: &str) -> Self {
+        self.runtime_isolated = Some(list.to_string());
         self
     }
 
@@ -210,6 +233,11 @@ impl FakeSysfs {
         }
         if let Some(list) = &self.nohz_full {
             fs::write(cpu_dir.join("nohz_full"), format!("{list}\n"))?;
+        }
+        if let Some(list) = &self.runtime_isolated {
+            let cgroup = root.join("fs/cgroup");
+            fs::create_dir_all(&cgroup)?;
+            fs::write(cgroup.join("cpuset.cpus.isolated"), format!("{list}\n"))?;
         }
         for list in &self.l3_domains {
             let set: CpuSet = list
