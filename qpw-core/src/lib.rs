@@ -103,6 +103,26 @@
 //! [`Error::Stall`] after its timeout, as in queue mode. The details and the correctness
 //! argument of each are in [`RseqLock`], [`FencedLock`], [`rseq`] and [`OwnedPerCpu`].
 //!
+//! # Which call for which job
+//!
+//! Other CPUs' state is reached two ways: by *work* ([`PerCpuWork`]), which runs where the
+//! CPU's mode says (its worker in queue mode, the caller in remote and fenced mode), or by a
+//! *walk* ([`PerCpu::take_each`], [`PerCpu::for_each_locked`]), which takes each CPU's lock
+//! from the calling thread in every mode. What each costs, and what to use for what:
+//!
+//! | job | call | queue mode | remote mode | fenced mode |
+//! |---|---|---|---|---|
+//! | the owner's own operation | [`PerCpu::lock_local`], or [`BoundSlot::lock`] in a pinned hot loop | two compare-and-swaps | the same | plain stores (restartable sequence) |
+//! | a metrics scrape: read, take-and-reset, merge every CPU's state | [`PerCpu::take_each`] (collects), [`PerCpu::for_each_locked`] | the caller takes each lock; no worker woken; the owner waits only if it is inside its critical section (2.3 us p50 and no preemption for a scrape of two CPUs, in the client of issue 26) | the same | the same; flags raised at once, answered by busy owners, else one fence (an interrupt) per CPU |
+//! | a drain that the kernel would queue (empty a cache, flush batches) | [`PerCpuWork::drain_all`] | posted to each CPU's worker and waited for: a context switch on each CPU (about 100 us and one preemption of the owner per scrape, in the same client) | run in the caller under each lock | the same, fenced |
+//! | the same with a bound on the wait | [`PerCpuWork::drain_all_timeout`], then [`DrainReport::overran`] | stalls reported | lock waits reported | lock waits reported; a fence's system call is not interruptible |
+//! | work that must run on the CPU itself | [`Qpw::work_on_cpu`] | queued | queued too | queued too |
+//! | final sums with a queue-only lock ([`RseqLock`]) | [`PerCpu::read_each`] | fences each other CPU | refused at build | refused at build |
+//!
+//! So a scrape should walk, in every mode: a drain through work in queue mode is what QPW
+//! exists to avoid on an isolated CPU. Work is for jobs with the kernel's shape (the drain
+//! runs the same code as a local flush), or that must run on the CPU.
+//!
 //! # Lifecycle and failure
 //!
 //! What happens at the edges: when the instance stops, when a deadline passes, when work

@@ -454,6 +454,35 @@ impl<T, L: RawRemoteLock> PerCpu<T, L> {
     pub fn for_each_locked(&self, mut f: impl FnMut(usize, &mut T)) {
         self.walk(|cpu, mut guard| f(cpu, &mut guard));
     }
+
+    /// Calls `f` on every CPU's slot, each under its lock, as
+    /// [`for_each_locked`](Self::for_each_locked) does, and collects what it returns, CPU by
+    /// CPU: the shape of a metrics scrape (read a counter, take and reset it, clone a
+    /// histogram to merge). No worker is woken in any mode; a CPU's owner waits only if it is
+    /// inside its own critical section when the scrape comes (see the crate docs' "Which call
+    /// for which job").
+    ///
+    /// ```
+    /// use qpw_core::{CpuSpec, Policy, Qpw};
+    ///
+    /// let qpw = Qpw::builder().cpus(CpuSpec::Logical(2)).policy(Policy::Queue).build()?;
+    /// let requests = qpw.per_cpu(|_cpu| 0u64);
+    /// for cpu in 0..2 {
+    ///     let _bound = qpw.bind_current(cpu)?;
+    ///     *requests.lock_local()? += 10 + cpu as u64; // served on this CPU
+    /// }
+    /// // Take every CPU's count and reset it: what this scrape saw, and nothing twice.
+    /// let taken = requests.take_each(|_cpu, n| std::mem::take(n));
+    /// assert_eq!(taken, [(0, 10), (1, 11)]);
+    /// assert_eq!(taken.iter().map(|(_, n)| n).sum::<u64>(), 21);
+    /// assert_eq!(requests.take_each(|_cpu, n| *n), [(0, 0), (1, 0)]);
+    /// # Ok::<(), qpw_core::Error>(())
+    /// ```
+    pub fn take_each<R>(&self, mut f: impl FnMut(usize, &mut T) -> R) -> Vec<(usize, R)> {
+        let mut out = Vec::with_capacity(self.slots.len());
+        self.walk(|cpu, mut guard| out.push((cpu, f(cpu, &mut guard))));
+        out
+    }
 }
 
 /// A bound thread's own slot, looked up once ([`PerCpu::bound_slot`]). Not `Send`: it belongs
