@@ -39,18 +39,24 @@ pub fn duration(flag: &str, raw: &str) -> Result<Duration> {
     parse_duration(raw).map_err(|e| anyhow!("{flag} {raw}: {e}"))
 }
 
-/// [`duration`] without the flag: the message says only what a duration must be (clap's value
-/// parsers put the flag and the value in front).
-pub fn parse_duration(raw: &str) -> std::result::Result<Duration, String> {
-    let bad =
-        || "must be a duration of 1ms to 7d, written like 10, 30s, 500ms, 20m or 2h".to_string();
+/// A whole number followed by a unit (`500ms`, `200`): the number and the unit in lower case
+/// (empty when there is none); `None` when it does not start with digits.
+fn number_and_unit(raw: &str) -> Option<(u64, String)> {
     let text = raw.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (digits, unit) = text.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let ms_per = match unit.to_ascii_lowercase().as_str() {
+    Some((digits.parse().ok()?, unit.to_ascii_lowercase()))
+}
+
+/// [`duration`] without the flag: the message says only what a duration must be (clap's value
+/// parsers put the flag and the value in front).
+pub fn parse_duration(raw: &str) -> std::result::Result<Duration, String> {
+    let bad =
+        || "must be a duration of 1ms to 7d, written like 10, 30s, 500ms, 20m or 2h".to_string();
+    let (n, unit) = number_and_unit(raw).ok_or_else(bad)?;
+    let ms_per = match unit.as_str() {
         "" | "s" => 1000,
         "ms" => 1,
         "m" => 60_000,
@@ -165,13 +171,8 @@ pub fn op_interval(flag: &str, raw: &str) -> Result<Duration> {
              2ms)"
         )
     };
-    let text = raw.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let ns_per = match unit.to_ascii_lowercase().as_str() {
+    let (n, unit) = number_and_unit(raw).ok_or_else(bad)?;
+    let ns_per = match unit.as_str() {
         "" | "us" => 1_000,
         "ns" => 1,
         "ms" => 1_000_000,
