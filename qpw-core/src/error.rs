@@ -206,6 +206,25 @@ pub enum Error {
         timeout: Duration,
     },
 
+    /// The calling thread already holds `cpu`'s lock of this per-CPU state and asked for it
+    /// again: it would wait for itself for ever. Typically a remote run that takes
+    /// [`PerCpu::lock`] of its own CPU inside [`PerCpu::lock_work`], or work that queues itself
+    /// on its own CPU while it holds the lock (in remote and fenced mode the nested run happens
+    /// at once, in the same thread). Detected in debug builds (`debug_assertions`), where every
+    /// guard records its thread; a release build waits, as a `Mutex` would.
+    ///
+    /// [`PerCpu::lock`]: crate::PerCpu::lock
+    /// [`PerCpu::lock_work`]: crate::PerCpu::lock_work
+    #[error(
+        "cpu {cpu}'s lock is already held by this thread: taking it again (lock, lock_work or \
+         lock_local while a guard of it is alive, or work queued on its own CPU from inside a \
+         run that holds it) would wait for itself"
+    )]
+    Reentrant {
+        /// The CPU whose lock the thread holds and asked for again.
+        cpu: usize,
+    },
+
     /// A work item panicked while it ran: `runs` runs of it panicked since the last report,
     /// the first with `message`.
     #[error(

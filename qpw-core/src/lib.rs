@@ -155,14 +155,20 @@
 //! for the calling thread is refused with [`Error::SelfFlush`]: a work item on a CPU's worker
 //! flushing a run still in that worker's queue (itself, or another item queued to the same
 //! CPU), or an owner flushing its own mailbox while a run waits there; the run happens once
-//! the current item returns (or at the owner's next poll). What is not refused, because
-//! detecting it would cost every lock or flush a record of who holds what: a remote run that
-//! takes a lock its own thread already holds (the caller's guard, or `lock_work` twice in one
-//! run) waits for itself like a `Mutex` (a drain's deadline ends the wait with `LockStall`);
-//! a flush from a thread that holds the lock the flushed work needs waits for that work
-//! forever; and two workers flushing each other's CPUs wait for each other (the kernel's
-//! `flush_work` has the same hazards, which lockdep reports). Use `flush_timeout` and
-//! `drain_all_timeout` where such a cycle is possible.
+//! the current item returns (or at the owner's next poll). A thread that asks for a per-CPU
+//! lock it already holds through a guard (`lock`, `lock_work` or `lock_local` while its guard
+//! is alive; or, in remote and fenced mode, work that queues itself on its own CPU from
+//! inside a run that holds the lock, since the nested run happens at once in the same thread)
+//! gets [`Error::Reentrant`], naming the CPU, in debug builds, where every guard records its
+//! thread (the nested run's refusal is what its `queue_on` returns); [`BoundSlot::lock`] and
+//! the walks, which return no `Result`, panic with that message. Release builds keep no such
+//! record, so that the owner's path costs what it did, and there the same code waits for
+//! itself like a `Mutex` (a drain's deadline ends the wait with `LockStall`): run the tests
+//! of code that might do this in a debug build. Not detected in either: a flush from a thread
+//! that holds the lock the flushed work needs waits for that work forever; and two workers
+//! flushing each other's CPUs wait for each other (the kernel's `flush_work` has the same
+//! hazards, which lockdep reports). Use `flush_timeout` and `drain_all_timeout` where such a
+//! cycle is possible.
 //!
 //! **Panics** are caught and reported exactly once, to the call they belong to: a remote
 //! run's to the `queue_on` or `drain_all` that ran it; a queued run's to the first flush that

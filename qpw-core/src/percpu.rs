@@ -19,6 +19,27 @@ const MIGRATION_RETRIES: usize = 3;
 struct Slot<T, L> {
     lock: L,
     data: UnsafeCell<T>,
+    /// Debug builds: the thread that holds `lock` through a guard (its
+    /// [`thread_token`](crate::sync::thread_token), or `NO_THREAD`), so that a thread
+    /// asking for a lock it holds gets [`Error::Reentrant`] instead of waiting for itself.
+    #[cfg(all(debug_assertions, not(loom)))]
+    holder: crate::sync::Unmodelled64,
+}
+
+impl<T, L> Slot<T, L> {
+    /// Whether the calling thread holds this slot's lock through a guard (debug builds only;
+    /// always `false` in release builds, where the check costs nothing).
+    #[inline(always)]
+    fn held_here(&self) -> bool {
+        #[cfg(all(debug_assertions, not(loom)))]
+        {
+            self.holder.load(crate::sync::Ordering::Relaxed) == crate::sync::thread_token()
+        }
+        #[cfg(not(all(debug_assertions, not(loom))))]
+        {
+            false
+        }
+    }
 }
 
 /// Per-CPU state: a `T` for every CPU of the instance it was made from, each behind that CPU's
@@ -112,6 +133,8 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
                 CachePadded::new(Slot {
                     lock: L::for_cpu_in(phys, mode),
                     data: UnsafeCell::new(init(cpu)),
+                    #[cfg(all(debug_assertions, not(loom)))]
+                    holder: crate::sync::Unmodelled64::new(crate::sync::NO_THREAD),
                 })
             })
             .collect();
@@ -153,6 +176,9 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     pub fn lock_local(&self) -> Result<PerCpuGuard<'_, T, L>> {
         let (cpu, idx) = self.local_slot()?;
         let slot = &self.slots[idx];
+        if slot.held_here() {
+            return Err(Error::Reentrant { cpu });
+        }
         if slot.lock.lock_on_current_cpu() == LocalAttempt::Locked {
             return Ok(PerCpuGuard::new(slot, cpu));
         }
@@ -175,7 +201,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
             }
             (cpu, idx) = self.local_slot()?;
         }
-        Ok(self.acquire(idx, cpu))
+        self.acquire(idx, cpu)
     }
 
     /// Like [`lock_local`](Self::lock_local), but gives up at once (`Ok(None)`) when the lock is
@@ -194,7 +220,9 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// drain's deadline with [`Error::LockStall`], which the drain reports for that CPU, and
     /// the run should return (`let Ok(mut slot) = state.lock_work(ctx) else { return };`).
     /// Taking a lock the same thread already holds (the caller of a remote run, or the run
-    /// itself, twice) waits for itself, as a `Mutex` would; only the deadline ends that wait.
+    /// itself, twice) is [`Error::Reentrant`] in debug builds (the run then reports it to its
+    /// `queue_on` or drain); a release build waits for itself, as a `Mutex` would, and only the
+    /// deadline ends that wait.
     ///
     /// # Panics
     ///
@@ -211,10 +239,14 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
             .inner
             .idx(cpu)
             .expect("a work context's CPU is managed by its instance");
-        match ctx.deadline() {
-            None => Ok(self.acquire(idx, cpu)),
+        let taken = match ctx.deadline() {
+            None => self.acquire(idx, cpu),
             Some(limit) => self.acquire_until(idx, cpu, limit, ctx),
+        };
+        if let Err(Error::Reentrant { .. }) = &taken {
+            ctx.note_reentry();
         }
+        taken
     }
 
     /// `lock_work` under a drain's deadline.
@@ -227,6 +259,9 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
         ctx: &WorkCtx,
     ) -> Result<PerCpuGuard<'_, T, L>> {
         let slot = &self.slots[idx];
+        if slot.held_here() {
+            return Err(Error::Reentrant { cpu });
+        }
         let taken = match start.checked_add(timeout) {
             Some(deadline) => slot.lock.try_lock_until(deadline),
             None => {
@@ -298,7 +333,9 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
                     *taken = false;
                     PerCpuGuard::new(&self.slots[idx], cpu)
                 }
-                _ => self.acquire(idx, cpu),
+                _ => self
+                    .acquire(idx, cpu)
+                    .unwrap_or_else(|e| panic!("qpw: {e}")),
             };
             f(cpu, guard);
         }
@@ -390,10 +427,13 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     }
 
     #[inline]
-    fn acquire(&self, idx: usize, cpu: usize) -> PerCpuGuard<'_, T, L> {
+    fn acquire(&self, idx: usize, cpu: usize) -> Result<PerCpuGuard<'_, T, L>> {
         let slot = &self.slots[idx];
+        if slot.held_here() {
+            return Err(Error::Reentrant { cpu });
+        }
         slot.lock.lock();
-        PerCpuGuard::new(slot, cpu)
+        Ok(PerCpuGuard::new(slot, cpu))
     }
 
     #[inline]
@@ -433,7 +473,7 @@ impl<T, L: RawRemoteLock> PerCpu<T, L> {
     #[inline]
     pub fn lock(&self, cpu: usize) -> Result<PerCpuGuard<'_, T, L>> {
         let idx = self.remote_idx(cpu)?;
-        Ok(self.acquire(idx, cpu))
+        self.acquire(idx, cpu)
     }
 
     /// Like [`lock`](Self::lock), but gives up at once (`Ok(None)`) when the lock is held
@@ -500,6 +540,9 @@ impl<'a, T, L: RawLocalLock> BoundSlot<'a, T, L> {
     /// [`RseqLock`](crate::RseqLock) or [`FencedLock`](crate::FencedLock) by fencing the CPU).
     #[inline(always)]
     pub fn lock(&self) -> PerCpuGuard<'a, T, L> {
+        if self.slot.held_here() {
+            panic!("qpw: {}", Error::Reentrant { cpu: self.cpu });
+        }
         if self.slot.lock.lock_on_current_cpu() != LocalAttempt::Locked {
             self.slot.lock.lock();
         }
@@ -525,6 +568,8 @@ impl<T, L: RawLocalLock> fmt::Debug for BoundSlot<'_, T, L> {
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct PerCpuGuard<'a, T, L: RawLocalLock = PwLock> {
     lock: &'a L,
+    #[cfg(all(debug_assertions, not(loom)))]
+    holder: &'a crate::sync::Unmodelled64,
     ptr: ManuallyDrop<MutPtr<T>>,
     cpu: usize,
     _not_send: PhantomData<*const ()>,
@@ -533,8 +578,13 @@ pub struct PerCpuGuard<'a, T, L: RawLocalLock = PwLock> {
 impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
     #[inline]
     fn new(slot: &'a Slot<T, L>, cpu: usize) -> Self {
+        #[cfg(all(debug_assertions, not(loom)))]
+        slot.holder
+            .store(crate::sync::thread_token(), crate::sync::Ordering::Relaxed);
         Self {
             lock: &slot.lock,
+            #[cfg(all(debug_assertions, not(loom)))]
+            holder: &slot.holder,
             ptr: ManuallyDrop::new(slot.data.get_mut()),
             cpu,
             _not_send: PhantomData,
@@ -573,6 +623,9 @@ impl<T, L: RawLocalLock> Drop for PerCpuGuard<'_, T, L> {
         // SAFETY: (1) the pointer is dropped exactly once, here, and never used again; (2) it
         // goes before the unlock, so that loom sees the access end inside the critical section.
         unsafe { ManuallyDrop::drop(&mut self.ptr) };
+        #[cfg(all(debug_assertions, not(loom)))]
+        self.holder
+            .store(crate::sync::NO_THREAD, crate::sync::Ordering::Relaxed);
         // SAFETY: the guard was made only after its lock was taken, and each guard releases
         // the hold it was made for, once.
         unsafe { self.lock.unlock() };

@@ -12,6 +12,11 @@
 //! lock to the first parked waiter), under loom a flag under a loom mutex whose waiters sleep,
 //! which loom explores exhaustively.
 
+/// A std atomic in both builds, for bookkeeping that is no part of any protocol (the debug
+/// builds' record of which thread holds a per-CPU lock): loom need not explore it.
+#[allow(dead_code)]
+pub(crate) type Unmodelled64 = std::sync::atomic::AtomicU64;
+
 #[cfg(not(loom))]
 mod imp {
     pub use std::hint::spin_loop;

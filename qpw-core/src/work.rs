@@ -89,6 +89,8 @@ pub struct WorkCtx {
     limit: Option<(Instant, Duration)>,
     /// Set by `lock_work` when it gave up at the deadline: how long the drain had run.
     stalled: Cell<Option<Duration>>,
+    /// Set by `lock_work` when the thread already held the lock ([`Error::Reentrant`]).
+    reentered: Cell<bool>,
 }
 
 impl WorkCtx {
@@ -106,6 +108,7 @@ impl WorkCtx {
             queued,
             limit,
             stalled: Cell::new(None),
+            reentered: Cell::new(false),
         }
     }
 
@@ -144,6 +147,11 @@ impl WorkCtx {
     /// Records that a lock wait gave up at the deadline, after the drain had run `waited`.
     pub(crate) fn note_stall(&self, waited: Duration) {
         self.stalled.set(Some(waited));
+    }
+
+    /// Records that `lock_work` found the lock already held by this thread.
+    pub(crate) fn note_reentry(&self) {
+        self.reentered.set(true);
     }
 }
 
@@ -230,6 +238,7 @@ impl WorkSlot {
                 message: panic_message(payload),
                 runs: 1,
             }),
+            Ok(()) if ctx.reentered.get() => Err(Error::Reentrant { cpu: self.cpu }),
             Ok(()) => match (ctx.stalled.get(), limit) {
                 (Some(waited), Some((_, timeout))) => Err(Error::LockStall {
                     cpu: self.cpu,
