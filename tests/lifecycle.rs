@@ -120,7 +120,7 @@ fn case02_remote_drain_keeps_its_deadline() {
         drop(guard);
         if cfg!(debug_assertions) {
             assert!(
-                matches!(report.errors[..], [Error::Reentrant { cpu: 1 }]),
+                matches!(report.errors[..], [Error::Reentrant { cpu: 1, .. }]),
                 "{report:?}"
             );
         } else {
@@ -411,7 +411,7 @@ fn case10_relocking_inside_remote_work_stalls_under_a_deadline() {
         let report = work.drain_all_timeout(|cpu| cpu == 1, Duration::from_millis(100));
         if cfg!(debug_assertions) {
             assert!(
-                matches!(report.errors[..], [Error::Reentrant { cpu: 1 }]),
+                matches!(report.errors[..], [Error::Reentrant { cpu: 1, .. }]),
                 "{report:?}"
             );
         } else {

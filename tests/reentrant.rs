@@ -1,6 +1,6 @@
 //! A thread that holds a CPU's lock and asks for it again (issue 24): in debug builds every
-//! guard records its thread, and the second request is an [`Error::Reentrant`] naming the CPU
-//! instead of a wait for itself. Each case runs under a watchdog: on the code before the check
+//! guard records its thread and call site, and the second request is an [`Error::Reentrant`]
+//! naming the CPU and both call sites instead of a wait for itself. Each case runs under a watchdog: on the code before the check
 //! it hung (remote and fenced mode, and queue mode for a second `lock` in the worker).
 //!
 //! (a) work that holds its CPU's lock through `lock_work` and calls `lock(ctx.cpu())`;
@@ -67,11 +67,29 @@ fn lock_inside_lock_work_is_refused_in_every_mode() {
         });
         let (cpu, queued, again) = outcome;
         assert!(queued.is_ok(), "{what}: {queued:?}");
-        assert_eq!(
-            again,
-            Some(Err(Error::Reentrant { cpu })),
-            "{what}: the second lock of cpu {cpu}"
-        );
+        match again {
+            Some(Err(Error::Reentrant {
+                cpu: c,
+                held_at,
+                asked_at,
+            })) => {
+                assert_eq!(c, cpu, "{what}");
+                // Both call paths named: the lock_work that holds it, then the lock.
+                assert!(
+                    held_at.file().ends_with("reentrant.rs"),
+                    "{what}: {held_at}"
+                );
+                assert!(
+                    asked_at.file().ends_with("reentrant.rs"),
+                    "{what}: {asked_at}"
+                );
+                assert!(
+                    asked_at.line() > held_at.line(),
+                    "{what}: {held_at} {asked_at}"
+                );
+            }
+            other => panic!("{what}: the second lock of cpu {cpu}: {other:?}"),
+        }
     }
 }
 
@@ -115,10 +133,10 @@ fn work_queued_on_its_own_cpu_while_holding_is_refused_where_it_would_run_at_onc
         match mode {
             // Posted to the worker, to run after this one: nothing to refuse.
             Mode::Queue => assert!(nested[0].is_ok(), "{what}: {nested:?}"),
-            _ => assert_eq!(
-                nested[0],
-                Err(Error::Reentrant { cpu }),
-                "{what}: the nested run"
+            _ => assert!(
+                matches!(&nested[0], Err(Error::Reentrant { cpu: c, held_at, .. })
+                    if *c == cpu && held_at.file().ends_with("reentrant.rs")),
+                "{what}: the nested run: {nested:?}"
             ),
         }
     }

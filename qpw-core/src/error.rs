@@ -216,13 +216,18 @@ pub enum Error {
     /// [`PerCpu::lock`]: crate::PerCpu::lock
     /// [`PerCpu::lock_work`]: crate::PerCpu::lock_work
     #[error(
-        "cpu {cpu}'s lock is already held by this thread: taking it again (lock, lock_work or \
-         lock_local while a guard of it is alive, or work queued on its own CPU from inside a \
-         run that holds it) would wait for itself"
+        "cpu {cpu}'s lock is already held by this thread (taken at {held_at}) and was asked for \
+         again at {asked_at}: it would wait for itself (lock, lock_work or lock_local while a \
+         guard of it is alive, or work queued on its own CPU from inside a run that holds it)"
     )]
     Reentrant {
         /// The CPU whose lock the thread holds and asked for again.
         cpu: usize,
+        /// Where the thread took the lock it holds (the call of `lock`, `lock_work`,
+        /// `lock_local` or `BoundSlot::lock` that made the live guard).
+        held_at: &'static std::panic::Location<'static>,
+        /// Where it asked for it again.
+        asked_at: &'static std::panic::Location<'static>,
     },
 
     /// A work item panicked while it ran: `runs` runs of it panicked since the last report,

@@ -24,21 +24,31 @@ struct Slot<T, L> {
     /// asking for a lock it holds gets [`Error::Reentrant`] instead of waiting for itself.
     #[cfg(all(debug_assertions, not(loom)))]
     holder: crate::sync::Unmodelled64,
+    /// Debug builds: where the holder took it.
+    #[cfg(all(debug_assertions, not(loom)))]
+    held_at: crate::sync::UnmodelledLocation,
 }
 
 impl<T, L> Slot<T, L> {
-    /// Whether the calling thread holds this slot's lock through a guard (debug builds only;
-    /// always `false` in release builds, where the check costs nothing).
+    /// [`Error::Reentrant`] if the calling thread holds this slot's lock through a guard
+    /// (debug builds only; release builds keep no record, and this is always `Ok`).
     #[inline(always)]
-    fn held_here(&self) -> bool {
+    #[track_caller]
+    fn not_held_here(&self, cpu: usize) -> Result<()> {
         #[cfg(all(debug_assertions, not(loom)))]
-        {
-            self.holder.load(crate::sync::Ordering::Relaxed) == crate::sync::thread_token()
+        if self.holder.load(crate::sync::Ordering::Relaxed) == crate::sync::thread_token() {
+            let held = self.held_at.load(crate::sync::Ordering::Relaxed);
+            // SAFETY: `held_at` only ever holds null or a `&'static Location` stored by
+            // `PerCpuGuard::new`, which lives for the whole program.
+            let held_at = unsafe { held.as_ref() }.unwrap_or(std::panic::Location::caller());
+            return Err(Error::Reentrant {
+                cpu,
+                held_at,
+                asked_at: std::panic::Location::caller(),
+            });
         }
-        #[cfg(not(all(debug_assertions, not(loom))))]
-        {
-            false
-        }
+        let _ = cpu;
+        Ok(())
     }
 }
 
@@ -135,6 +145,8 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
                     data: UnsafeCell::new(init(cpu)),
                     #[cfg(all(debug_assertions, not(loom)))]
                     holder: crate::sync::Unmodelled64::new(crate::sync::NO_THREAD),
+                    #[cfg(all(debug_assertions, not(loom)))]
+                    held_at: crate::sync::UnmodelledLocation::new(std::ptr::null_mut()),
                 })
             })
             .collect();
@@ -173,12 +185,11 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     // Always inlined: out of line, the call returns the large `Result` through memory, which
     // costs more than a restartable-sequence lock itself (measured: about 2x the whole path).
     #[inline(always)]
+    #[track_caller]
     pub fn lock_local(&self) -> Result<PerCpuGuard<'_, T, L>> {
         let (cpu, idx) = self.local_slot()?;
         let slot = &self.slots[idx];
-        if slot.held_here() {
-            return Err(Error::Reentrant { cpu });
-        }
+        slot.not_held_here(cpu)?;
         if slot.lock.lock_on_current_cpu() == LocalAttempt::Locked {
             return Ok(PerCpuGuard::new(slot, cpu));
         }
@@ -192,6 +203,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// only more slowly. Out of line, so that the fast path stays small.
     #[cold]
     #[inline(never)]
+    #[track_caller]
     fn lock_local_migrated(&self) -> Result<PerCpuGuard<'_, T, L>> {
         let (mut cpu, mut idx) = self.local_slot()?;
         for _ in 1..MIGRATION_RETRIES {
@@ -207,6 +219,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// Like [`lock_local`](Self::lock_local), but gives up at once (`Ok(None)`) when the lock is
     /// held (`pw_trylock_local`).
     #[inline]
+    #[track_caller]
     pub fn try_lock_local(&self) -> Result<Option<PerCpuGuard<'_, T, L>>> {
         let (cpu, idx) = self.local_slot()?;
         Ok(self.try_acquire(idx, cpu))
@@ -229,6 +242,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// When `ctx` comes from a work item of another instance: a programming error, like the
     /// kernel's `WARN_ON(cpu != pw->cpu)`.
     #[inline]
+    #[track_caller]
     pub fn lock_work(&self, ctx: &WorkCtx) -> Result<PerCpuGuard<'_, T, L>> {
         assert_eq!(
             ctx.instance, self.inner.id,
@@ -243,14 +257,15 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
             None => self.acquire(idx, cpu),
             Some(limit) => self.acquire_until(idx, cpu, limit, ctx),
         };
-        if let Err(Error::Reentrant { .. }) = &taken {
-            ctx.note_reentry();
+        if let Err(e @ Error::Reentrant { .. }) = &taken {
+            ctx.note_reentry(e.clone());
         }
         taken
     }
 
     /// `lock_work` under a drain's deadline.
     #[cold]
+    #[track_caller]
     fn acquire_until(
         &self,
         idx: usize,
@@ -259,9 +274,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
         ctx: &WorkCtx,
     ) -> Result<PerCpuGuard<'_, T, L>> {
         let slot = &self.slots[idx];
-        if slot.held_here() {
-            return Err(Error::Reentrant { cpu });
-        }
+        slot.not_held_here(cpu)?;
         let taken = match start.checked_add(timeout) {
             Some(deadline) => slot.lock.try_lock_until(deadline),
             None => {
@@ -427,16 +440,16 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     }
 
     #[inline]
+    #[track_caller]
     fn acquire(&self, idx: usize, cpu: usize) -> Result<PerCpuGuard<'_, T, L>> {
         let slot = &self.slots[idx];
-        if slot.held_here() {
-            return Err(Error::Reentrant { cpu });
-        }
+        slot.not_held_here(cpu)?;
         slot.lock.lock();
         Ok(PerCpuGuard::new(slot, cpu))
     }
 
     #[inline]
+    #[track_caller]
     fn try_acquire(&self, idx: usize, cpu: usize) -> Option<PerCpuGuard<'_, T, L>> {
         let slot = &self.slots[idx];
         slot.lock.try_lock().then(|| PerCpuGuard::new(slot, cpu))
@@ -471,6 +484,7 @@ impl<T, L: RawRemoteLock> PerCpu<T, L> {
     /// it), and anyone else gets [`Error::NotLocal`]: in queue mode, other CPUs' state is
     /// reached by queuing work, not by locking.
     #[inline]
+    #[track_caller]
     pub fn lock(&self, cpu: usize) -> Result<PerCpuGuard<'_, T, L>> {
         let idx = self.remote_idx(cpu)?;
         self.acquire(idx, cpu)
@@ -479,6 +493,7 @@ impl<T, L: RawRemoteLock> PerCpu<T, L> {
     /// Like [`lock`](Self::lock), but gives up at once (`Ok(None)`) when the lock is held
     /// (`pw_trylock`).
     #[inline]
+    #[track_caller]
     pub fn try_lock(&self, cpu: usize) -> Result<Option<PerCpuGuard<'_, T, L>>> {
         let idx = self.remote_idx(cpu)?;
         Ok(self.try_acquire(idx, cpu))
@@ -539,9 +554,10 @@ impl<'a, T, L: RawLocalLock> BoundSlot<'a, T, L> {
     /// its pinning undone) takes the lock from where it is, as every lock allows (an
     /// [`RseqLock`](crate::RseqLock) or [`FencedLock`](crate::FencedLock) by fencing the CPU).
     #[inline(always)]
+    #[track_caller]
     pub fn lock(&self) -> PerCpuGuard<'a, T, L> {
-        if self.slot.held_here() {
-            panic!("qpw: {}", Error::Reentrant { cpu: self.cpu });
+        if let Err(e) = self.slot.not_held_here(self.cpu) {
+            panic!("qpw: {e}");
         }
         if self.slot.lock.lock_on_current_cpu() != LocalAttempt::Locked {
             self.slot.lock.lock();
@@ -577,10 +593,16 @@ pub struct PerCpuGuard<'a, T, L: RawLocalLock = PwLock> {
 
 impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
     #[inline]
+    #[track_caller]
     fn new(slot: &'a Slot<T, L>, cpu: usize) -> Self {
         #[cfg(all(debug_assertions, not(loom)))]
-        slot.holder
-            .store(crate::sync::thread_token(), crate::sync::Ordering::Relaxed);
+        {
+            slot.holder
+                .store(crate::sync::thread_token(), crate::sync::Ordering::Relaxed);
+            let at: *const std::panic::Location<'static> = std::panic::Location::caller();
+            slot.held_at
+                .store(at.cast_mut(), crate::sync::Ordering::Relaxed);
+        }
         Self {
             lock: &slot.lock,
             #[cfg(all(debug_assertions, not(loom)))]

@@ -17,6 +17,10 @@
 #[allow(dead_code)]
 pub(crate) type Unmodelled64 = std::sync::atomic::AtomicU64;
 
+/// The same for a source location (where a debug build's guard was taken).
+#[allow(dead_code)]
+pub(crate) type UnmodelledLocation = std::sync::atomic::AtomicPtr<std::panic::Location<'static>>;
+
 #[cfg(not(loom))]
 mod imp {
     pub use std::hint::spin_loop;

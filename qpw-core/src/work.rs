@@ -90,7 +90,7 @@ pub struct WorkCtx {
     /// Set by `lock_work` when it gave up at the deadline: how long the drain had run.
     stalled: Cell<Option<Duration>>,
     /// Set by `lock_work` when the thread already held the lock ([`Error::Reentrant`]).
-    reentered: Cell<bool>,
+    reentered: std::cell::RefCell<Option<Error>>,
 }
 
 impl WorkCtx {
@@ -108,7 +108,7 @@ impl WorkCtx {
             queued,
             limit,
             stalled: Cell::new(None),
-            reentered: Cell::new(false),
+            reentered: std::cell::RefCell::new(None),
         }
     }
 
@@ -150,8 +150,8 @@ impl WorkCtx {
     }
 
     /// Records that `lock_work` found the lock already held by this thread.
-    pub(crate) fn note_reentry(&self) {
-        self.reentered.set(true);
+    pub(crate) fn note_reentry(&self, error: Error) {
+        *self.reentered.borrow_mut() = Some(error);
     }
 }
 
@@ -238,9 +238,9 @@ impl WorkSlot {
                 message: panic_message(payload),
                 runs: 1,
             }),
-            Ok(()) if ctx.reentered.get() => Err(Error::Reentrant { cpu: self.cpu }),
-            Ok(()) => match (ctx.stalled.get(), limit) {
-                (Some(waited), Some((_, timeout))) => Err(Error::LockStall {
+            Ok(()) => match (ctx.reentered.borrow_mut().take(), ctx.stalled.get(), limit) {
+                (Some(reentry), _, _) => Err(reentry),
+                (None, Some(waited), Some((_, timeout))) => Err(Error::LockStall {
                     cpu: self.cpu,
                     waited,
                     timeout,
