@@ -913,6 +913,12 @@ impl Ctx {
         let rows = self.rows();
         let baseline = self.baseline_rate();
         let find = |scen: &str| rows.iter().find(|r| r.name == scen);
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+            _ => "n/a".to_string(),
+        };
+        let two = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
+        let ns = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.0} ns"));
         let mut lines = Vec::new();
         for row in &rows {
             let Some(w) = row.name.strip_prefix("queue-") else {
@@ -922,11 +928,6 @@ impl Ctx {
             else {
                 continue;
             };
-            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-                (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
-                _ => "n/a".to_string(),
-            };
-            let two = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
             let by_round = |row: &Row| {
                 let parts: Vec<String> = row
                     .excess_per_drain_by_round
@@ -972,12 +973,6 @@ impl Ctx {
             }
         }
         // Fenced mode against remote mode, whether or not queue mode ran.
-        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
-            _ => "n/a".to_string(),
-        };
-        let two = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
-        let ns = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.0} ns"));
         for f in &rows {
             let Some(w) = f.name.strip_prefix("fenced-") else {
                 continue;

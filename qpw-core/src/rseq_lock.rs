@@ -353,9 +353,9 @@ pub fn fence_counts() -> FenceCounts {
     {
         let get = |i: usize| COUNTS[i].load(std::sync::atomic::Ordering::Relaxed);
         FenceCounts {
-            answered: get(0),
-            fenced: get(1),
-            overtaken: get(2),
+            answered: get(ANSWERED),
+            fenced: get(FENCED_BY_IPI),
+            overtaken: get(OVERTAKEN),
         }
     }
     #[cfg(loom)]
@@ -364,7 +364,12 @@ pub fn fence_counts() -> FenceCounts {
     }
 }
 
-/// Counts one settled flag (slow path only): 0 answered, 1 fenced, 2 overtaken.
+/// [`COUNTS`]' slots.
+const ANSWERED: usize = 0;
+const FENCED_BY_IPI: usize = 1;
+const OVERTAKEN: usize = 2;
+
+/// Counts one settled flag (slow path only): [`ANSWERED`], [`FENCED_BY_IPI`] or [`OVERTAKEN`].
 #[inline]
 fn count(_which: usize) {
     #[cfg(not(loom))]
@@ -1011,17 +1016,7 @@ impl RseqLock {
             return false;
         }
         #[cfg(not(loom))]
-        {
-            let start = Instant::now();
-            let mut spins = 0u32;
-            while !self.answered(flag, call) {
-                crate::sync::spin_loop();
-                spins = spins.wrapping_add(1);
-                if spins % 16 == 0 && start.elapsed().as_nanos() >= u128::from(budget) {
-                    break;
-                }
-            }
-        }
+        spin_until(budget, || self.answered(flag, call));
         // Under loom time does not pass: one more look, which loom may place anywhere.
         #[cfg(loom)]
         let _ = self.answered(flag, call);
@@ -1045,7 +1040,7 @@ impl RseqLock {
                 self.side_unlock();
                 fence_failed(self.cpu, &e);
             }
-            count(1);
+            count(FENCED_BY_IPI);
         }
         let held = self.still_flagged(flag);
         if let Some(beacon) = self.beacon() {
@@ -1061,9 +1056,9 @@ impl RseqLock {
             self.flag_call.store(call, Ordering::Relaxed);
         }
         if !held {
-            count(2);
+            count(OVERTAKEN);
         } else if answered && self.cpu < FALLBACK_CPU {
-            count(0);
+            count(ANSWERED);
         }
         self.side_unlock();
         held
@@ -1429,6 +1424,24 @@ fn deadline_open(deadline: Option<std::time::Instant>) -> bool {
     }
 }
 
+/// Spins until `done` says so or `budget_ns` nanoseconds have passed (the clock read every 16
+/// turns): a requester's wait for answers.
+#[cfg(not(loom))]
+fn spin_until(budget_ns: u32, mut done: impl FnMut() -> bool) {
+    if budget_ns == 0 {
+        return;
+    }
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while !done() {
+        crate::sync::spin_loop();
+        spins = spins.wrapping_add(1);
+        if spins % 16 == 0 && start.elapsed().as_nanos() >= u128::from(budget_ns) {
+            return;
+        }
+    }
+}
+
 /// A requester's CPU fence failed: exclusion cannot be had, and the flag has been backed out.
 #[cold]
 #[inline(never)]
@@ -1491,20 +1504,11 @@ pub(crate) fn take_flags(locks: &[Option<&RseqLock>]) -> Vec<bool> {
             .filter_map(|&(i, _, _)| locks[i].map(RseqLock::budget))
             .max()
             .unwrap_or(0);
-        if budget > 0 {
-            let start = Instant::now();
-            let mut spins = 0u32;
-            while raised
+        spin_until(budget, || {
+            raised
                 .iter()
-                .any(|&(i, flag, call)| locks[i].is_some_and(|l| !l.answered(flag, call)))
-            {
-                crate::sync::spin_loop();
-                spins = spins.wrapping_add(1);
-                if spins % 16 == 0 && start.elapsed().as_nanos() >= u128::from(budget) {
-                    break;
-                }
-            }
-        }
+                .all(|&(i, flag, call)| locks[i].is_none_or(|l| l.answered(flag, call)))
+        });
     }
     // 4. Fence the CPUs that did not answer, and check each flag.
     let mut failure = None;
