@@ -156,6 +156,12 @@ pub struct DrainArgs {
     /// does a queue-mode drain against it wait.
     #[arg(long)]
     pub no_rt_throttling: bool,
+    /// Isolate the measured CPU(s) at run time for the run (root only): other processes'
+    /// threads, unbound workqueues and interrupts are moved to the other CPUs, and on cgroup v1
+    /// the root cpuset stops load balancing over them; all of it is put back at exit, Ctrl-C
+    /// included. Not boot isolation: the tick still runs there.
+    #[arg(long)]
+    pub isolate: bool,
     /// The requester's CPU (default: a housekeeping CPU other than the measured ones).
     #[arg(long, value_name = "CPU", allow_hyphen_values = true)]
     pub requester_cpu: Option<String>,
@@ -214,6 +220,12 @@ pub struct RunArgs {
         allow_hyphen_values = true
     )]
     pub rounds: String,
+    /// Isolate the target CPU at run time (root only; see `oslat --isolate`) for every scenario
+    /// but one more idle baseline, `idle-unisolated`, run in each round without it, so that
+    /// the trace's counts show what the isolation removed; all of it is put back at exit,
+    /// Ctrl-C included.
+    #[arg(long)]
+    pub isolate: bool,
     /// Print only the table.
     #[arg(short, long)]
     pub quiet: bool,

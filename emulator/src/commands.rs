@@ -286,6 +286,7 @@ fn qpw_fields(
         probe_preemptions: None,
         requester: outcome.and_then(|o| o.requester.clone()),
         rt_throttling: None,
+        isolation: None,
         load: outcome.map(|o| o.load.clone()),
         stopped_by: interrupted.then(|| "interrupted (SIGINT)".to_string()),
         interrupted,
@@ -431,6 +432,13 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
     // After Ctrl-C is taken: a signal must not end the process before the guard restores.
     let throttling_off = throttling_for_run(&args.drain, &mut warnings, quiet)?;
     let throttling = RtThrottling::read(throttling_off.as_ref());
+    let isolation = crate::isolate::for_run(
+        args.drain.isolate,
+        &free,
+        &cpus.allowed,
+        &mut warnings,
+        quiet,
+    )?;
     if !quiet {
         println!("qpw-emu load: {}", throttling.line());
     }
@@ -501,6 +509,7 @@ fn load_cmd(args: &LoadArgs) -> Result<()> {
             seconds: start.elapsed().as_secs_f64(),
             requester: outcome.requester.clone(),
             rt_throttling: throttling,
+            isolation: isolation.as_ref().map(|i| i.report.clone()),
             load: outcome.load.clone(),
             warnings: warnings.list().to_vec(),
         };
@@ -528,6 +537,9 @@ struct LoadBody {
     requester: Option<crate::load::RequesterReport>,
     /// The kernel's RT throttling during the run.
     rt_throttling: RtThrottling,
+    /// With `--isolate`: what was isolated and how.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    isolation: Option<crate::isolate::IsolationReport>,
     /// The process-context load's figures.
     load: crate::load::LoadReport,
     /// Setup steps that failed.

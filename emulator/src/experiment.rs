@@ -47,6 +47,9 @@ use crate::workload::WorkloadName;
 /// which a starved worker gets in after 0.95 s (see `--stall-threshold`).
 const STALL_THRESHOLD: Duration = Duration::from_millis(100);
 
+/// With `--isolate`: the idle baseline run in every round without the isolation.
+pub const UNISOLATED: &str = "idle-unisolated";
+
 /// Gap histogram: 100 ns buckets up to 500 us, exact past that.
 const GAP_WIDTH_NS: u64 = 100;
 const GAP_BUCKETS: usize = 5000;
@@ -74,6 +77,7 @@ pub fn default_args() -> RunArgs {
         rtprio: None,
         local_op_every: BUSY_OWNER.into(),
         rounds: "3".into(),
+        isolate: false,
         quiet: false,
     }
 }
@@ -174,6 +178,9 @@ struct KernelWork {
 
 /// Runs the experiment.
 pub fn run(args: &RunArgs) -> Result<()> {
+    if args.isolate {
+        crate::isolate::check_root()?;
+    }
     let cpus = Cpus::read()?;
     let duration = validate::duration("--duration", &args.duration)?;
     let rate_given = args
@@ -264,7 +271,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let start_time = rt::rt_timestamp();
     let mut warnings = Warnings::default();
     let _rt = rt::prepare(true, &mut warnings, quiet);
-    rt::check_isolation(&target_set, &mut warnings, quiet);
+    if !args.isolate {
+        rt::check_isolation(&target_set, &mut warnings, quiet);
+    }
     if rtprio.is_none() {
         notes.push(
             "the probe runs SCHED_OTHER (no -f): the queue-mode worker preempts it (interruptions) \
@@ -277,6 +286,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let rounds = validate::int_in("--rounds", &args.rounds, 1, 100)? as u32;
     let emulated = workloads.iter().filter(|w| w.kernel().is_none()).count();
     let n_scen = 1
+        + usize::from(args.isolate)
         + (workloads.len() - emulated)
         + emulated * modes.len()
         + usize::from(emulated > 0 && modes.contains(&Mode::Fenced));
@@ -300,6 +310,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         base_workload
     };
     let mut scenarios = vec![Acc::new("idle", Mode::Queue, base_workload, 0.0)];
+    if args.isolate {
+        scenarios.push(Acc::new(UNISOLATED, Mode::Queue, base_workload, 0.0));
+    }
     for &w in &workloads {
         if let Some(k) = w.kernel() {
             // The kernel decides its own mode; its drains go at a rate that suits their cost.
@@ -340,6 +353,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         tracing,
         kernel: KernelInfo::read(),
         interrupted: false,
+        isolate: args.isolate,
+        isolation: None,
+        isolation_report: None,
     };
 
     // Every round runs every scenario once, so that slow drifts in the machine's noise fall on
@@ -350,10 +366,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 ctx.note_interruption(round, i);
                 break 'rounds;
             }
+            ctx.isolate_for(i)?;
             ctx.run_round(i, round)?;
             ctx.write_all()?;
         }
     }
+    // Put back what --isolate changed before the report, so that nothing waits on the reader.
+    ctx.isolation = None;
     ctx.conclude();
     ctx.write_all()?;
     let rows = ctx.rows();
@@ -478,12 +497,45 @@ struct Ctx {
     kernel: KernelInfo,
     /// Whether Ctrl-C ended the run early.
     interrupted: bool,
+    /// `--isolate`: the target isolated for every scenario but [`UNISOLATED`].
+    isolate: bool,
+    /// The isolation in force, if any.
+    isolation: Option<crate::isolate::Isolation>,
+    /// What the first isolation did.
+    isolation_report: Option<crate::isolate::IsolationReport>,
 }
 
 /// Gaps kept for attribution: from 1 us, so that the threshold can be derived afterwards.
 const GAP_LOG_NS: u64 = 1000;
 
 impl Ctx {
+    /// With `--isolate`: the target isolated for scenario `i`, unless it is the unisolated
+    /// baseline, for which the isolation is put back first.
+    fn isolate_for(&mut self, i: usize) -> Result<()> {
+        if !self.isolate {
+            return Ok(());
+        }
+        if self.scenarios[i].name == UNISOLATED {
+            self.isolation = None;
+            return Ok(());
+        }
+        if self.isolation.is_none() {
+            let target = CpuSet::from_iter([self.target]);
+            let housekeeping = self.cpus.allowed.difference(&target);
+            let iso = crate::isolate::Isolation::apply(&target, &housekeeping)?;
+            if self.isolation_report.is_none() {
+                if !self.quiet {
+                    for l in iso.report.lines() {
+                        eprintln!("qpw-emu: {l}");
+                    }
+                }
+                self.isolation_report = Some(iso.report.clone());
+            }
+            self.isolation = Some(iso);
+        }
+        Ok(())
+    }
+
     /// One round of scenario `i`, merged into its accumulator.
     fn run_round(&mut self, i: usize, round: u32) -> Result<()> {
         let target_set = CpuSet::from_iter([self.target]);
@@ -812,6 +864,10 @@ impl Ctx {
             probe_preemptions: Some(probe_preemptions),
             requester: acc.requester.as_ref().map(|r| r.0.clone()),
             rt_throttling: Some(crate::throttling::RtThrottling::read(None)),
+            isolation: self
+                .isolation_report
+                .clone()
+                .filter(|_| acc.name != UNISOLATED),
             load: Some(acc.load.clone()),
             stopped_by: acc.cut_short.then(|| "interrupted (SIGINT)".to_string()),
             interrupted: acc.cut_short,
@@ -1010,13 +1066,112 @@ impl Ctx {
                 two(r.preemptions_per_drain),
             ));
         }
-        self.notes.push(
-            "no isolated CPU here: the figures carry the machine's own noise (including \
-             millisecond gaps on an idle vCPU), so compare the modes within this run, as ratios \
-             and counts, not with other machines"
-                .to_string(),
-        );
+        if self.isolate {
+            lines.extend(self.isolation_lines());
+        } else {
+            self.notes.push(
+                "no isolated CPU here: the figures carry the machine's own noise (including \
+                 millisecond gaps on an idle vCPU), so compare the modes within this run, as \
+                 ratios and counts, not with other machines"
+                    .to_string(),
+            );
+        }
         self.notes.extend(lines);
+    }
+
+    /// With `--isolate`: what the isolation removed (the idle baseline against the unisolated
+    /// one of the same rounds, by the trace's classes), and which kernel drains still reached
+    /// the target.
+    fn isolation_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        let find = |name: &str| {
+            self.scenarios
+                .iter()
+                .find(|a| a.name == name && a.rounds > 0)
+        };
+        if let (Some(iso), Some(un)) = (find("idle"), find(UNISOLATED)) {
+            let get = |a: &Acc, k: &str| a.attribution.by_bucket.get(k).copied().unwrap_or(0);
+            if iso.attribution.by_bucket.is_empty() && un.attribution.by_bucket.is_empty() {
+                lines.push(format!(
+                    "isolation: no trace, so no classes to compare; interruptions/s idle {:.0} \
+                     isolated vs {:.0} not",
+                    self.rate_at_threshold(iso),
+                    self.rate_at_threshold(un)
+                ));
+            } else {
+                let (ki, oi) = (get(iso, "kernel"), get(iso, "other"));
+                let (ku, ou) = (get(un, "kernel"), get(un, "other"));
+                // The tick stays with run-time isolation (no nohz_full): counted apart.
+                let tick = |a: &Acc| {
+                    a.attribution
+                        .top
+                        .iter()
+                        .find(|s| s.source == "vector local_timer")
+                        .map_or(0, |s| s.count)
+                };
+                let (ti, tu) = (tick(iso), tick(un));
+                let (a, b) = ((ki + oi) as f64, (ku + ou) as f64);
+                let noise = 2.0 * (a + b).sqrt();
+                let verdict = if b - a > noise {
+                    "dropped"
+                } else if a - b > noise {
+                    "rose"
+                } else {
+                    "did not change beyond counting noise"
+                };
+                lines.push(format!(
+                    "isolation: the idle target's kernel+other interruptions {verdict} with cpu {} \
+                     isolated at run time: {} vs {} (isolated vs not; 2 sigma {noise:.0}): \
+                     kernel {ki} vs {ku}, other {oi} vs {ou}, of which the local timer (the \
+                     tick, which only nohz_full stops) {ti} vs {tu}; {:.1} s each, interleaved \
+                     in the same rounds",
+                    self.target,
+                    ki + oi,
+                    ku + ou,
+                    iso.seconds.min(un.seconds)
+                ));
+            }
+        }
+        for a in self.scenarios.iter().filter(|a| a.rounds > 0) {
+            let Some(k) = a.workload.kernel() else {
+                continue;
+            };
+            let Some(w) = &a.attribution.kernel_work else {
+                continue;
+            };
+            let seen = self
+                .isolation_report
+                .as_ref()
+                .is_some_and(|r| r.kernel_sees_isolated);
+            lines.push(format!(
+                "isolation: {k}: {} run(s) of {} on the isolated cpu {} in {} drains: the kernel \
+                 {} it ({})",
+                w.runs,
+                w.function,
+                self.target,
+                w.drains,
+                if w.runs == 0 {
+                    "skipped"
+                } else {
+                    "did not skip"
+                },
+                if seen {
+                    "the kernel counts the CPU as isolated"
+                } else {
+                    "the kernel does not count a CPU isolated at run time without a cgroup v2 \
+                     partition as isolated"
+                }
+            ));
+        }
+        lines
+    }
+
+    /// A scenario's gaps at or above the threshold, per second.
+    fn rate_at_threshold(&self, a: &Acc) -> f64 {
+        match self.threshold() {
+            Some((ns, _)) if a.seconds > 0.0 => a.hist.count_at_least(ns) as f64 / a.seconds,
+            _ => 0.0,
+        }
     }
 
     /// Each traced scenario's attribution.

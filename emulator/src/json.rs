@@ -189,6 +189,9 @@ pub struct QpwFields {
     /// The kernel's RT throttling during the run (with a drain load).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rt_throttling: Option<crate::throttling::RtThrottling>,
+    /// With `--isolate`: what was isolated and how, and what stayed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<crate::isolate::IsolationReport>,
     /// The process-context load.
     pub load: Option<LoadReport>,
     /// Why the run stopped early, if it did.

@@ -53,6 +53,7 @@ pub mod cyclictest;
 pub mod experiment;
 pub mod figures;
 pub mod hist;
+pub mod isolate;
 pub mod json;
 pub mod kernel;
 pub mod load;

@@ -3,6 +3,29 @@
 use clap::Parser;
 
 fn main() {
+    // A run killed while it isolated a CPU left this process's parent, and so this process,
+    // on the housekeeping CPUs: undo that before anything reads the allowed CPUs.
+    // SAFETY: `geteuid` has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        let mine = || qpw_emulator::isolate::get_affinity(0).ok();
+        let before = mine();
+        for l in qpw_emulator::isolate::recover_stale() {
+            eprintln!("qpw-emu: isolation: {l}");
+        }
+        // Our own affinity was put back too, but the allowed CPUs were read before `main`
+        // (qpw-core's start-up capture): start again, once, to read them afresh.
+        if mine() != before && std::env::var_os("QPW_EMU_REEXEC").is_none() {
+            use std::os::unix::process::CommandExt as _;
+            if let Ok(exe) = std::env::current_exe() {
+                let e = std::process::Command::new(exe)
+                    .args(std::env::args_os().skip(1))
+                    .arg0(std::env::args_os().next().unwrap_or_default())
+                    .env("QPW_EMU_REEXEC", "1")
+                    .exec();
+                eprintln!("qpw-emu: cannot start again after putting back the CPUs ({e})");
+            }
+        }
+    }
     let args = qpw_emulator::cli::args_for_invocation(std::env::args_os());
     let cli = qpw_emulator::cli::Cli::parse_from(args);
     if let Err(e) = qpw_emulator::commands::dispatch(cli) {

@@ -224,7 +224,9 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
             args.latency.unwrap_or(0)
         );
     }
-    rt::check_isolation(&measured, &mut warnings, quiet);
+    if !args.drain.isolate {
+        rt::check_isolation(&measured, &mut warnings, quiet);
+    }
     let mut marker =
         (breaktrace.is_some() && args.tracemark).then(|| TraceMarker::open(&mut warnings, quiet));
     if args.resolution {
@@ -234,6 +236,13 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     // After Ctrl-C is taken: a signal must not end the process before the guard restores.
     let throttling_off = super::throttling_for_run(&args.drain, &mut warnings, quiet)?;
     let throttling = RtThrottling::read(throttling_off.as_ref());
+    let isolation = crate::isolate::for_run(
+        args.drain.isolate,
+        &measured,
+        &cpus.allowed,
+        &mut warnings,
+        quiet,
+    )?;
     if args.verbose {
         for (i, s) in specs.iter().enumerate() {
             if explicit_set {
@@ -340,6 +349,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         }
         fields.trace = traced.clone();
         fields.rt_throttling = spec.is_some().then_some(throttling.clone());
+        fields.isolation = isolation.as_ref().map(|i| i.report.clone());
         let doc = cyclictest_json(&run, &cfg, start_time, fields);
         json::write(path, &doc)?;
     }

@@ -75,7 +75,9 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     let start_time = rt::rt_timestamp();
     let mut warnings = Warnings::default();
     let _rt = rt::prepare(true, &mut warnings, quiet);
-    rt::check_isolation(&measured, &mut warnings, quiet);
+    if !drain.isolate {
+        rt::check_isolation(&measured, &mut warnings, quiet);
+    }
     let mut marker = args
         .trace_threshold
         .map(|_| TraceMarker::open(&mut warnings, quiet));
@@ -83,6 +85,13 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     // After Ctrl-C is taken: a signal must not end the process before the guard restores.
     let throttling_off = super::throttling_for_run(&drain, &mut warnings, quiet)?;
     let throttling = RtThrottling::read(throttling_off.as_ref());
+    let isolation = crate::isolate::for_run(
+        drain.isolate,
+        &measured,
+        &cpus.allowed,
+        &mut warnings,
+        quiet,
+    )?;
     let calibration = Calibration::measure();
 
     println!("oslat V {RT_TESTS_VERSION}");
@@ -225,6 +234,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         );
         fields.trace = traced;
         fields.rt_throttling = spec.is_some().then_some(throttling);
+        fields.isolation = isolation.as_ref().map(|i| i.report.clone());
         json::write(path, &super::oslat_json(&run, start_time, fields))?;
     }
     Ok(())
