@@ -1101,7 +1101,9 @@ impl Ctx {
             } else {
                 let (ki, oi) = (get(iso, "kernel"), get(iso, "other"));
                 let (ku, ou) = (get(un, "kernel"), get(un, "other"));
-                // The tick stays with run-time isolation (no nohz_full): counted apart.
+                // The tick stays with run-time isolation (no nohz_full), and a probe that
+                // shares its CPU sees fewer ticks (it is not running for many of them): the
+                // comparison leaves it out.
                 let tick = |a: &Acc| {
                     a.attribution
                         .top
@@ -1110,24 +1112,24 @@ impl Ctx {
                         .map_or(0, |s| s.count)
                 };
                 let (ti, tu) = (tick(iso), tick(un));
-                let (a, b) = ((ki + oi) as f64, (ku + ou) as f64);
-                let noise = 2.0 * (a + b).sqrt();
-                let verdict = if b - a > noise {
+                let (a, b) = ((ki + oi).saturating_sub(ti), (ku + ou).saturating_sub(tu));
+                let noise = 2.0 * ((a + b) as f64).sqrt();
+                let verdict = if b as f64 - a as f64 > noise {
                     "dropped"
-                } else if a - b > noise {
+                } else if a as f64 - b as f64 > noise {
                     "rose"
                 } else {
                     "did not change beyond counting noise"
                 };
                 lines.push(format!(
-                    "isolation: the idle target's kernel+other interruptions {verdict} with cpu {} \
-                     isolated at run time: {} vs {} (isolated vs not; 2 sigma {noise:.0}): \
-                     kernel {ki} vs {ku}, other {oi} vs {ou}, of which the local timer (the \
-                     tick, which only nohz_full stops) {ti} vs {tu}; {:.1} s each, interleaved \
-                     in the same rounds",
+                    "isolation: the idle target's kernel and other interruptions but the tick \
+                     {verdict} with cpu {} isolated at run time: {a} vs {b} (isolated vs not; 2 \
+                     sigma {noise:.0}); the probe was preempted {} vs {} times; all kernel {ki} \
+                     vs {ku}, other {oi} vs {ou}, of which the local timer (the tick, which only \
+                     nohz_full stops) {ti} vs {tu}; {:.1} s each, interleaved in the same rounds",
                     self.target,
-                    ki + oi,
-                    ku + ou,
+                    iso.probe_switches,
+                    un.probe_switches,
                     iso.seconds.min(un.seconds)
                 ));
             }
