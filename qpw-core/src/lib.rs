@@ -116,6 +116,7 @@
 //! | a metrics scrape: read, take-and-reset, merge every CPU's state | [`PerCpu::take_each`] (collects), [`PerCpu::for_each_locked`] | the caller takes each lock; no worker woken; the owner waits only if it is inside its critical section (2.3 us p50 and no preemption for a scrape of two CPUs, in the client of issue 26) | the same | the same; flags raised at once, answered by busy owners, else one fence (an interrupt) per CPU |
 //! | a drain that the kernel would queue (empty a cache, flush batches) | [`PerCpuWork::drain_all`] | posted to each CPU's worker and waited for: a context switch on each CPU (about 100 us and one preemption of the owner per scrape, in the same client) | run in the caller under each lock | the same, fenced |
 //! | the same with a bound on the wait | [`PerCpuWork::drain_all_timeout`], then [`DrainReport::overran`] | stalls reported | lock waits reported | lock waits reported; a fence's system call is not interruptible |
+//! | the same through work, returning what each CPU's run took (a scrape with the kernel's shape) | [`Qpw::collector`], [`Collector::collect_timeout`] | posted to each CPU's worker, as below | run in the caller under each lock | the same, fenced |
 //! | work that must run on the CPU itself | [`Qpw::work_on_cpu`] | queued | queued too | queued too |
 //! | final sums with a queue-only lock ([`RseqLock`]) | [`PerCpu::read_each`] | fences each other CPU | refused at build | refused at build |
 //!
@@ -242,6 +243,7 @@ struct ReadmeSnippet;
 struct CrateReadme;
 
 mod affinity;
+mod collect;
 mod cpuset;
 pub mod cross_call;
 mod error;
@@ -263,6 +265,7 @@ pub use affinity::{
     allowed_cpus, current_affinity, current_cpu, pin_current_thread, set_current_affinity,
     set_current_fifo, set_current_normal,
 };
+pub use collect::Collector;
 pub use cpuset::CpuSet;
 pub use cross_call::{CallCtx, CallTarget, CrossCallError};
 pub use error::{Error, OsError, Result};
