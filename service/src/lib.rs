@@ -1,0 +1,797 @@
+//! A latency-sensitive service built on qpw-core, as a service developer would write it: a UDP
+//! request/response server with one thread pinned per serving CPU, per-CPU state (a request
+//! counter, a latency histogram, a free list of buffers) in a [`PerCpu`], and a metrics thread
+//! on a housekeeping CPU that scrapes every CPU's state through the library at a set rate and
+//! serves it as Prometheus text over HTTP. A load generator sends requests at a fixed rate and
+//! records each round trip.
+//!
+//! The question it answers: what each mode costs the requests when the metrics are scraped.
+//! The scrape takes each CPU's counts and histogram with [`Qpw::collector`], per-CPU *work*:
+//! in queue mode it runs on the serving CPU's worker (a context switch on the serving thread's
+//! CPU per scrape, as the kernel's `queue_work_on` + `flush_work`), in remote and fenced mode
+//! in the metrics thread under the serving CPU's lock. `--scrape walk` uses
+//! [`PerCpu::take_each`] instead, the walk the crate recommends for scrapes in every mode.
+//!
+//! The serving CPUs are every allowed CPU but the first (the housekeeping CPU, which runs the
+//! metrics thread, the HTTP endpoint and the load generator); the last one stands for the
+//! isolated CPU. On one CPU everything shares it, and the run says so.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use hdrhistogram::Histogram;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use qpw_core::{CpuSet, PerCpu, Policy, Qpw};
+use serde::Serialize;
+
+pub mod plot;
+
+/// A request: a sequence number and the client's send time, in nanoseconds since the load
+/// generator started. The server echoes it.
+const REQUEST_BYTES: usize = 16;
+
+/// Histograms of nanoseconds, 1 ns to 10 s, three significant digits.
+fn histogram() -> Histogram<u64> {
+    // The bounds are constants that hdrhistogram accepts.
+    Histogram::new_with_bounds(1, 10_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// How the metrics thread reaches the serving CPUs' state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Scrape {
+    /// Per-CPU work ([`Qpw::collector`]): queued to the CPU's worker in queue mode, run in the
+    /// metrics thread in remote and fenced mode.
+    Work,
+    /// [`PerCpu::take_each`]: the metrics thread takes each CPU's lock itself, in every mode.
+    Walk,
+}
+
+impl std::str::FromStr for Scrape {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "work" => Ok(Self::Work),
+            "walk" => Ok(Self::Walk),
+            _ => Err(format!("--scrape {s}: must be `work` or `walk`")),
+        }
+    }
+}
+
+/// How a serving thread waits for its next request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Poll {
+    /// It spins on a non-blocking socket, as a latency-sensitive service on a dedicated CPU
+    /// does: the CPU is never idle, so anything else that runs there preempts it.
+    Busy,
+    /// It sleeps in `recv` between requests: other work on the CPU runs while it sleeps.
+    Block,
+}
+
+impl std::str::FromStr for Poll {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "busy" => Ok(Self::Busy),
+            "block" => Ok(Self::Block),
+            _ => Err(format!("--poll {s}: must be `busy` or `block`")),
+        }
+    }
+}
+
+/// The modes a comparison runs, by name: queue, remote, fenced, and `auto` (the default
+/// policy: remote on isolated CPUs, queue elsewhere).
+pub fn policy(name: &str) -> Result<Policy> {
+    match name {
+        "queue" => Ok(Policy::Queue),
+        "remote" => Ok(Policy::Remote),
+        "fenced" => Ok(Policy::Fenced),
+        "auto" | "default" => Ok(Policy::Auto),
+        _ => bail!("mode {name:?}: must be queue, remote, fenced or auto"),
+    }
+}
+
+/// One serving CPU's state.
+#[derive(Debug)]
+struct CpuState {
+    /// Requests served since the last scrape.
+    requests: u64,
+    /// Service time of each, in nanoseconds, since the last scrape.
+    service_ns: Histogram<u64>,
+    /// Reply buffers to reuse.
+    free: Vec<Vec<u8>>,
+}
+
+/// What one scrape takes from one CPU.
+type Taken = (u64, Histogram<u64>);
+
+fn take(state: &mut CpuState) -> Taken {
+    let hist = state.service_ns.clone();
+    state.service_ns.reset();
+    (std::mem::take(&mut state.requests), hist)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CpuLabel {
+    cpu: String,
+}
+
+/// The metrics, as the endpoint serves them.
+struct Metrics {
+    registry: Registry,
+    requests: Family<CpuLabel, Counter>,
+    scrapes: Counter,
+    service_p50: Gauge<f64, AtomicU64>,
+    service_p99: Gauge<f64, AtomicU64>,
+    service_max: Gauge<f64, AtomicU64>,
+    /// Everything scraped so far: requests by CPU, service times.
+    scraped: BTreeMap<usize, u64>,
+    service: Histogram<u64>,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("qpw");
+        let requests = Family::<CpuLabel, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests served, by serving CPU",
+            requests.clone(),
+        );
+        let scrapes = Counter::default();
+        registry.register("scrapes", "Scrapes of the per-CPU state", scrapes.clone());
+        let gauge = |registry: &mut Registry, name: &str, help: &str| {
+            let g = Gauge::<f64, AtomicU64>::default();
+            registry.register(name, help, g.clone());
+            g
+        };
+        let service_p50 = gauge(&mut registry, "service_seconds_p50", "Median service time");
+        let service_p99 = gauge(
+            &mut registry,
+            "service_seconds_p99",
+            "99th percentile service time",
+        );
+        let service_max = gauge(&mut registry, "service_seconds_max", "Longest service time");
+        Self {
+            registry,
+            requests,
+            scrapes,
+            service_p50,
+            service_p99,
+            service_max,
+            scraped: BTreeMap::new(),
+            service: histogram(),
+        }
+    }
+
+    fn add(&mut self, taken: Vec<(usize, Taken)>) {
+        for (cpu, (n, hist)) in taken {
+            *self.scraped.entry(cpu).or_default() += n;
+            self.requests
+                .get_or_create(&CpuLabel {
+                    cpu: cpu.to_string(),
+                })
+                .inc_by(n);
+            // Same bounds on both sides: the merge cannot fail.
+            let _ = self.service.add(&hist);
+        }
+        self.scrapes.inc();
+        let s = |q: f64| self.service.value_at_quantile(q) as f64 / 1e9;
+        self.service_p50.set(s(0.5));
+        self.service_p99.set(s(0.99));
+        self.service_max.set(self.service.max() as f64 / 1e9);
+    }
+
+    fn text(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// A serving thread: its CPU, its address, its thread id (for its context switches), and
+/// what it served.
+struct Server {
+    cpu: usize,
+    addr: SocketAddr,
+    tid: Arc<AtomicI32>,
+    handle: JoinHandle<Result<u64>>,
+}
+
+/// What a service run is asked to do.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The mode policy.
+    pub policy: Policy,
+    /// Scrapes per second (0: none until the end).
+    pub scrape_rate: f64,
+    /// How the scrape reaches the CPUs.
+    pub scrape: Scrape,
+    /// How the serving threads wait for requests.
+    pub poll: Poll,
+    /// Serve the metrics over HTTP on this loopback port (0: any free port); `None`: no
+    /// endpoint.
+    pub http_port: Option<u16>,
+}
+
+/// A running service.
+pub struct Service {
+    qpw: Qpw,
+    servers: Vec<Server>,
+    stop: Arc<AtomicBool>,
+    metrics: Arc<Mutex<Metrics>>,
+    scrape_times: Arc<Mutex<Histogram<u64>>>,
+    scraper: Option<JoinHandle<()>>,
+    scrape_once: Arc<dyn Fn() -> Result<()> + Send + Sync>,
+    http: Option<(SocketAddr, JoinHandle<()>)>,
+    housekeeping: usize,
+    shared_cpu: bool,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("servers", &self.addrs())
+            .field("http", &self.http_addr())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads a thread's voluntary and involuntary context switches.
+pub fn switches(tid: i32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    let get = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    Some((
+        get("voluntary_ctxt_switches:")?,
+        get("nonvoluntary_ctxt_switches:")?,
+    ))
+}
+
+impl Service {
+    /// Starts the servers, the metrics thread and, if asked, the HTTP endpoint.
+    pub fn start(cfg: &Config) -> Result<Self> {
+        if !(0.0..=100_000.0).contains(&cfg.scrape_rate) {
+            bail!(
+                "scrape rate {}: must be 0 to 100000 per second",
+                cfg.scrape_rate
+            );
+        }
+        let qpw = Qpw::with_policy(cfg.policy.clone()).context("cannot build the instance")?;
+        let cpus = qpw.cpus().clone();
+        let housekeeping = cpus.first().ok_or_else(|| anyhow!("no CPU allowed"))?;
+        let serving: CpuSet = if cpus.len() > 1 {
+            cpus.difference(&CpuSet::from_iter([housekeeping]))
+        } else {
+            cpus.clone()
+        };
+        let state = qpw.per_cpu(|_| CpuState {
+            requests: 0,
+            service_ns: histogram(),
+            free: Vec::new(),
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut servers = Vec::new();
+        for cpu in serving.iter() {
+            let sock = UdpSocket::bind("127.0.0.1:0").context("cannot bind a UDP socket")?;
+            match cfg.poll {
+                Poll::Busy => sock.set_nonblocking(true)?,
+                Poll::Block => sock.set_read_timeout(Some(Duration::from_millis(20)))?,
+            }
+            let addr = sock.local_addr()?;
+            let tid = Arc::new(AtomicI32::new(0));
+            let (qpw2, state, stop, tid2) = (qpw.clone(), state.clone(), stop.clone(), tid.clone());
+            let handle = std::thread::Builder::new()
+                .name(format!("serve/{cpu}"))
+                .spawn(move || serve(&qpw2, cpu, &sock, &state, &stop, &tid2))?;
+            servers.push(Server {
+                cpu,
+                addr,
+                tid,
+                handle,
+            });
+        }
+        // Wait for every server to be bound to its CPU and to know its thread id.
+        let t0 = Instant::now();
+        while servers.iter().any(|s| s.tid.load(Ordering::Acquire) == 0) {
+            if t0.elapsed() > Duration::from_secs(5)
+                || servers.iter().any(|s| s.handle.is_finished())
+            {
+                stop.store(true, Ordering::Release);
+                for s in servers {
+                    if let Ok(Err(e)) = s.handle.join() {
+                        return Err(e);
+                    }
+                }
+                bail!("a serving thread did not start");
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+
+        let metrics = Arc::new(Mutex::new(Metrics::new()));
+        let scrape_times = Arc::new(Mutex::new(histogram()));
+        let scrape_once: Arc<dyn Fn() -> Result<()> + Send + Sync> = match cfg.scrape {
+            Scrape::Work => {
+                let collector = qpw.collector(&state, |_cpu, s| take(s))?;
+                let metrics = metrics.clone();
+                Arc::new(move || {
+                    let (taken, report) = collector.collect_timeout(Duration::from_secs(5));
+                    lock(&metrics).add(taken);
+                    report
+                        .into_result()
+                        .map(|_| ())
+                        .map_err(|e| anyhow!("a scrape failed: {e}"))
+                })
+            }
+            Scrape::Walk => {
+                let (state, metrics) = (state.clone(), metrics.clone());
+                Arc::new(move || {
+                    let taken = state.take_each(|_cpu, s| take(s));
+                    lock(&metrics).add(taken);
+                    Ok(())
+                })
+            }
+        };
+        let scraper = if cfg.scrape_rate > 0.0 {
+            let (qpw2, stop, once, times) = (
+                qpw.clone(),
+                stop.clone(),
+                scrape_once.clone(),
+                scrape_times.clone(),
+            );
+            let period = Duration::from_secs_f64(1.0 / cfg.scrape_rate);
+            Some(
+                std::thread::Builder::new()
+                    .name("metrics".into())
+                    .spawn(move || {
+                        let _bound = qpw2.bind_current(housekeeping);
+                        let mut next = Instant::now();
+                        while !stop.load(Ordering::Acquire) {
+                            next += period;
+                            let t = Instant::now();
+                            if let Err(e) = once() {
+                                eprintln!("service: {e}");
+                            }
+                            let _ = lock(&times).record(t.elapsed().as_nanos().max(1) as u64);
+                            let now = Instant::now();
+                            if next > now {
+                                std::thread::sleep(next - now);
+                            } else {
+                                next = now; // behind: do not burst to catch up
+                            }
+                        }
+                    })?,
+            )
+        } else {
+            None
+        };
+        let http = match cfg.http_port {
+            Some(port) => Some(serve_http(
+                port,
+                metrics.clone(),
+                stop.clone(),
+                &qpw,
+                housekeeping,
+            )?),
+            None => None,
+        };
+        Ok(Self {
+            qpw,
+            servers,
+            stop,
+            metrics,
+            scrape_times,
+            scraper,
+            scrape_once,
+            http,
+            housekeeping,
+            shared_cpu: cpus.len() == 1,
+        })
+    }
+
+    /// The serving threads' addresses.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.servers.iter().map(|s| s.addr).collect()
+    }
+
+    /// The metrics endpoint's address, when it has one.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().map(|h| h.0)
+    }
+
+    /// The housekeeping CPU (metrics, endpoint, load).
+    pub fn housekeeping(&self) -> usize {
+        self.housekeeping
+    }
+
+    /// The serving CPUs.
+    pub fn serving_cpus(&self) -> Vec<usize> {
+        self.servers.iter().map(|s| s.cpu).collect()
+    }
+
+    /// How the instance runs each CPU.
+    pub fn describe(&self) -> String {
+        self.qpw.describe()
+    }
+
+    /// Scrapes once, now, from the calling thread.
+    pub fn scrape_now(&self) -> Result<()> {
+        (self.scrape_once)()
+    }
+
+    /// Each serving thread's (voluntary, involuntary) context switches so far, summed.
+    pub fn serving_switches(&self) -> (u64, u64) {
+        self.servers
+            .iter()
+            .filter_map(|s| switches(s.tid.load(Ordering::Acquire)))
+            .fold((0, 0), |(v, i), (a, b)| (v + a, i + b))
+    }
+
+    /// Stops everything, scrapes once more, and reports.
+    pub fn stop(mut self) -> Result<ServiceReport> {
+        self.stop.store(true, Ordering::Release);
+        if let Some(s) = self.scraper.take() {
+            let _ = s.join();
+        }
+        let mut served = 0;
+        for s in std::mem::take(&mut self.servers) {
+            served += s
+                .handle
+                .join()
+                .map_err(|_| anyhow!("serving thread on cpu {} panicked", s.cpu))??;
+        }
+        // The last scrape takes what came in since the one before.
+        (self.scrape_once)()?;
+        if let Some((_, h)) = self.http.take() {
+            let _ = h.join();
+        }
+        let m = lock(&self.metrics);
+        let times = lock(&self.scrape_times);
+        Ok(ServiceReport {
+            served,
+            scraped: m.scraped.values().sum(),
+            scrapes: m.scrapes.get(),
+            scrape_p50_us: (!times.is_empty()).then(|| times.value_at_quantile(0.5) as f64 / 1e3),
+            scrape_p99_us: (!times.is_empty()).then(|| times.value_at_quantile(0.99) as f64 / 1e3),
+            shared_cpu: self.shared_cpu,
+        })
+    }
+}
+
+/// What a service run served and scraped.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServiceReport {
+    /// Requests the serving threads answered (their own count, apart from the per-CPU state).
+    pub served: u64,
+    /// Requests the scrapes found in the per-CPU state, summed.
+    pub scraped: u64,
+    /// Scrapes, the last one included.
+    pub scrapes: u64,
+    /// Scrape duration, median and 99th percentile, in microseconds (periodic scrapes only).
+    pub scrape_p50_us: Option<f64>,
+    /// See `scrape_p50_us`.
+    pub scrape_p99_us: Option<f64>,
+    /// Whether one CPU served and scraped (no housekeeping CPU apart).
+    pub shared_cpu: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A serving thread: bound to `cpu`, answers each request with its echo, keeping its CPU's
+/// count, service time and reply buffers in the per-CPU state. Returns how many it served.
+fn serve(
+    qpw: &Qpw,
+    cpu: usize,
+    sock: &UdpSocket,
+    state: &PerCpu<CpuState>,
+    stop: &AtomicBool,
+    tid: &AtomicI32,
+) -> Result<u64> {
+    let _bound = qpw
+        .bind_current(cpu)
+        .with_context(|| format!("cannot bind the server to cpu {cpu}"))?;
+    // SAFETY: `gettid` has no preconditions.
+    tid.store(unsafe { libc::gettid() }, Ordering::Release);
+    let mut rx = [0u8; 64];
+    let mut served = 0;
+    while !stop.load(Ordering::Acquire) {
+        let (n, from) = match sock.recv_from(&mut rx) {
+            Ok(got) => got,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                std::hint::spin_loop();
+                continue;
+            }
+            Err(e) => return Err(e).context("recv_from"),
+        };
+        let start = Instant::now();
+        let mut reply = state.lock_local()?.free.pop().unwrap_or_default();
+        reply.clear();
+        reply.extend_from_slice(&rx[..n]);
+        // A reply that cannot be sent is the client's loss, not the server's: counted served.
+        let _ = sock.send_to(&reply, from);
+        let mut s = state.lock_local()?;
+        s.requests += 1;
+        let _ = s
+            .service_ns
+            .record(start.elapsed().as_nanos().max(1) as u64);
+        s.free.push(reply);
+        drop(s);
+        served += 1;
+    }
+    Ok(served)
+}
+
+/// The HTTP endpoint: `GET /metrics` (any path) answers the registry in the Prometheus text
+/// format.
+fn serve_http(
+    port: u16,
+    metrics: Arc<Mutex<Metrics>>,
+    stop: Arc<AtomicBool>,
+    qpw: &Qpw,
+    housekeeping: usize,
+) -> Result<(SocketAddr, JoinHandle<()>)> {
+    let server = tiny_http::Server::http(("127.0.0.1", port))
+        .map_err(|e| anyhow!("cannot serve HTTP on 127.0.0.1:{port}: {e}"))?;
+    let addr = server
+        .server_addr()
+        .to_ip()
+        .ok_or_else(|| anyhow!("the HTTP server has no IP address"))?;
+    let qpw = qpw.clone();
+    let handle = std::thread::Builder::new()
+        .name("metrics-http".into())
+        .spawn(move || {
+            let _bound = qpw.bind_current(housekeeping);
+            while !stop.load(Ordering::Acquire) {
+                let Ok(Some(req)) = server.recv_timeout(Duration::from_millis(50)) else {
+                    continue;
+                };
+                let body = lock(&metrics).text();
+                let header = tiny_http::Header::from_bytes(
+                    &b"Content-Type"[..],
+                    &b"application/openmetrics-text; version=1.0.0; charset=utf-8"[..],
+                );
+                let mut resp = tiny_http::Response::from_string(body);
+                if let Ok(h) = header {
+                    resp.add_header(h);
+                }
+                let _ = req.respond(resp);
+            }
+        })?;
+    Ok((addr, handle))
+}
+
+/// What the load generator saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadReport {
+    /// Requests sent.
+    pub sent: u64,
+    /// Replies received.
+    pub received: u64,
+    /// Round trip, microseconds: median, 99th, 99.9th percentile and longest.
+    pub p50_us: f64,
+    /// See `p50_us`.
+    pub p99_us: f64,
+    /// See `p50_us`.
+    pub p999_us: f64,
+    /// See `p50_us`.
+    pub max_us: f64,
+}
+
+/// Sends `rate` requests per second for `duration` to `targets` in turn, from a thread bound
+/// to `cpu` when given, and records each round trip; waits up to 200 ms for the last replies.
+pub fn load(
+    targets: &[SocketAddr],
+    rate: f64,
+    duration: Duration,
+    cpu: Option<(usize, &Qpw)>,
+) -> Result<LoadReport> {
+    if targets.is_empty() {
+        bail!("no server to send to");
+    }
+    if !(1.0..=1_000_000.0).contains(&rate) {
+        bail!("request rate {rate}: must be 1 to 1000000 per second");
+    }
+    let sock = UdpSocket::bind("127.0.0.1:0").context("cannot bind the client's socket")?;
+    sock.set_read_timeout(Some(Duration::from_millis(20)))?;
+    let rx = sock.try_clone()?;
+    let base = Instant::now();
+    let done = Arc::new(AtomicBool::new(false));
+    let bind = cpu.map(|(c, q)| (c, q.clone()));
+    let receiver = {
+        let (done, bind) = (done.clone(), bind.clone());
+        std::thread::Builder::new()
+            .name("load-rx".into())
+            .spawn(move || {
+                let _bound = bind.as_ref().map(|(c, q)| q.bind_current(*c));
+                let mut hist = histogram();
+                let mut received = 0u64;
+                let mut buf = [0u8; 64];
+                while !done.load(Ordering::Acquire) {
+                    let Ok(n) = rx.recv(&mut buf) else { continue };
+                    if n < REQUEST_BYTES {
+                        continue;
+                    }
+                    let mut ts = [0u8; 8];
+                    ts.copy_from_slice(&buf[8..16]);
+                    let sent = u64::from_le_bytes(ts);
+                    let now = base.elapsed().as_nanos() as u64;
+                    let _ = hist.record(now.saturating_sub(sent).max(1));
+                    received += 1;
+                }
+                (received, hist)
+            })?
+    };
+    let _bound = bind.as_ref().map(|(c, q)| q.bind_current(*c));
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let mut next = Instant::now();
+    let end = next + duration;
+    let mut sent = 0u64;
+    let mut req = [0u8; REQUEST_BYTES];
+    while next < end {
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        }
+        req[..8].copy_from_slice(&sent.to_le_bytes());
+        req[8..].copy_from_slice(&(base.elapsed().as_nanos() as u64).to_le_bytes());
+        let target = targets[(sent % targets.len() as u64) as usize];
+        if sock.send_to(&req, target).is_ok() {
+            sent += 1;
+        }
+        next += period;
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    done.store(true, Ordering::Release);
+    let (received, hist) = receiver
+        .join()
+        .map_err(|_| anyhow!("the load's receiver panicked"))?;
+    let us = |v: u64| v as f64 / 1e3;
+    Ok(LoadReport {
+        sent,
+        received,
+        p50_us: us(hist.value_at_quantile(0.5)),
+        p99_us: us(hist.value_at_quantile(0.99)),
+        p999_us: us(hist.value_at_quantile(0.999)),
+        max_us: us(hist.max()),
+    })
+}
+
+/// One cell of a comparison: one mode at one scrape rate.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunResult {
+    /// The mode policy's name.
+    pub mode: String,
+    /// How the instance ran each CPU.
+    pub qpw: String,
+    /// Requests per second sent.
+    pub request_rate: f64,
+    /// Scrapes per second asked for.
+    pub scrape_rate: f64,
+    /// How the scrape reached the CPUs.
+    pub scrape: Scrape,
+    /// How the serving threads waited for requests.
+    pub poll: Poll,
+    /// Seconds of load.
+    pub seconds: f64,
+    /// The load generator's figures.
+    pub load: LoadReport,
+    /// The service's figures.
+    pub service: ServiceReport,
+    /// The serving threads' voluntary and involuntary context switches during the load, per
+    /// scrape.
+    pub voluntary_per_scrape: f64,
+    /// See `voluntary_per_scrape`.
+    pub involuntary_per_scrape: f64,
+    /// Whether the scraped counts equal the requests served.
+    pub nothing_lost: bool,
+}
+
+/// Runs the service under load for `duration` in one mode at one scrape rate, and checks that
+/// the scrapes counted every request served exactly once.
+pub fn run_one(
+    mode: &str,
+    request_rate: f64,
+    scrape_rate: f64,
+    scrape: Scrape,
+    poll: Poll,
+    duration: Duration,
+) -> Result<RunResult> {
+    let svc = Service::start(&Config {
+        policy: policy(mode)?,
+        scrape_rate,
+        scrape,
+        poll,
+        http_port: None,
+    })?;
+    let before = svc.serving_switches();
+    let hk = svc.housekeeping();
+    let load = load(&svc.addrs(), request_rate, duration, Some((hk, &svc.qpw)));
+    let after = svc.serving_switches();
+    let qpw = svc.describe();
+    let service = svc.stop()?;
+    let load = load?;
+    let scrapes = service.scrapes.max(1) as f64;
+    Ok(RunResult {
+        mode: mode.to_string(),
+        qpw,
+        request_rate,
+        scrape_rate,
+        scrape,
+        poll,
+        seconds: duration.as_secs_f64(),
+        nothing_lost: service.scraped == service.served,
+        voluntary_per_scrape: after.0.saturating_sub(before.0) as f64 / scrapes,
+        involuntary_per_scrape: after.1.saturating_sub(before.1) as f64 / scrapes,
+        load,
+        service,
+    })
+}
+
+/// A duration as the project's tools write them: `2s`, `500ms`, `1m`, or plain seconds.
+pub fn duration(name: &str, text: &str) -> Result<Duration> {
+    let t = text.trim();
+    let (num, unit) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let scale = match unit {
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        _ => f64::NAN,
+    };
+    match num.parse::<f64>() {
+        Ok(v) if scale.is_finite() && v * scale >= 0.01 && v * scale <= 3600.0 => {
+            Ok(Duration::from_secs_f64(v * scale))
+        }
+        _ => bail!(
+            "{name} {text}: must be a duration of 10ms to 1h, written like 2, 2s, 500ms or 1m"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_and_modes_are_checked() {
+        assert_eq!(duration("-D", "2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(duration("-D", "500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(duration("-D", "3").unwrap(), Duration::from_secs(3));
+        for bad in ["", "x", "2h", "0", "-1s", "5000s"] {
+            let e = duration("--duration", bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with("--duration") && e.contains("10ms to 1h"),
+                "{e}"
+            );
+        }
+        assert!(policy("queue").is_ok() && policy("auto").is_ok());
+        assert!(policy("fast")
+            .unwrap_err()
+            .to_string()
+            .contains("queue, remote, fenced or auto"));
+        assert_eq!("walk".parse::<Scrape>(), Ok(Scrape::Walk));
+        assert!("both".parse::<Scrape>().is_err());
+    }
+}
