@@ -158,6 +158,10 @@ struct SavedFile {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Saved {
     pid: u32,
+    /// When the isolation began, in clock ticks since boot (as `/proc/<pid>/stat`'s start
+    /// times): only threads started since then inherited a narrowed mask.
+    #[serde(default)]
+    began_ticks: u64,
     tasks: Vec<SavedTask>,
     files: Vec<SavedFile>,
     /// Directories the run made (a cpuset), removed after the files are written back.
@@ -204,6 +208,7 @@ impl Isolation {
         let state_file = state_file_for(std::process::id());
         let saved = Arc::new(Mutex::new(Some(Saved {
             pid: std::process::id(),
+            began_ticks: now_ticks(),
             ..Saved::default()
         })));
         // A second Ctrl-C ends the process without `Drop`: the hook puts back whatever is
@@ -619,13 +624,17 @@ fn undo(s: &Saved) -> Vec<String> {
         }
     }
     for (tgid, tid) in all_threads() {
+        if known.contains(&tid) || task_flags(tgid) & PF_KTHREAD != 0 {
+            continue; // restored above, or a kernel thread, whose affinity is the kernel's
+        }
         let Some(first) = by_tgid
             .get(&tgid)
             .or_else(|| parent(tgid).and_then(|p| by_tgid.get(&p)))
         else {
             continue;
         };
-        if known.contains(&tid) {
+        // Only a thread started during the isolation inherited its narrowed mask.
+        if thread_start(tgid, tid).is_none_or(|t| t < s.began_ticks) {
             continue;
         }
         let set = CpuSet::from_iter(first.set.iter().copied());
@@ -740,6 +749,24 @@ fn stat_field(tgid: i32, n: usize) -> Option<u64> {
 /// A process's flags; 0 when they cannot be read.
 fn task_flags(tgid: i32) -> u64 {
     stat_field(tgid, 6).unwrap_or(0)
+}
+
+/// When a thread started, in clock ticks since boot (`stat` field 22).
+fn thread_start(tgid: i32, tid: i32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{tgid}/task/{tid}/stat")).ok()?;
+    let rest = s.get(s.rfind(')')? + 2..)?;
+    rest.split(' ').nth(19)?.parse::<u64>().ok()
+}
+
+/// Now, in the clock ticks of [`thread_start`] (from `/proc/uptime`), less one tick so that a
+/// thread started in the same tick counts as started during the isolation.
+fn now_ticks() -> u64 {
+    // SAFETY: `sysconf` has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|u| u.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0, |up| ((up * hz) as u64).saturating_sub(1))
 }
 
 /// A process's parent.
@@ -891,6 +918,7 @@ mod tests {
         std::fs::create_dir(&made).unwrap();
         let s = Saved {
             pid: 1,
+            began_ticks: 0,
             tasks: Vec::new(),
             files: vec![
                 SavedFile {
