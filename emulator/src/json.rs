@@ -313,6 +313,15 @@ pub struct Interruptions {
     /// one round moves it less than it moves the pooled figure.
     #[serde(default)]
     pub excess_per_drain_median: Option<f64>,
+    /// The standard error of that median's rounds (their standard deviation over the square
+    /// root of their number), with two rounds or more: how far the noise between rounds moves
+    /// the figure.
+    #[serde(default)]
+    pub excess_per_drain_se: Option<f64>,
+    /// Gaps at or above other thresholds, per second (`[threshold us, per second]`): how the
+    /// count moves with the threshold.
+    #[serde(default)]
+    pub per_second_at_us: Vec<(f64, f64)>,
 }
 
 /// The probe thread's preemptions: its involuntary context switches over the measuring windows.

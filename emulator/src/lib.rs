@@ -15,18 +15,25 @@
 //! One row per scenario, all measured on the same target CPU in one run, interleaved in rounds:
 //!
 //! - **target** (left): the oslat probe's gaps on the target CPU: max, p99, p99.9, p99.99 (in-range
-//!   percentiles are bucket upper edges, 100 ns wide; tail ones exact); *interrupt*: gaps at or
-//!   above a threshold derived from the idle baseline (2 x its p99.99, at least 1 us); *in op*:
-//!   of those, the ones that contained the probe's own local operation (waiting for its CPU's
-//!   lock rather than being preempted); *per s*; *per drain*: (interruptions - idle rate x
-//!   seconds) / drains that reached the target, worked out for each round against the idle
-//!   rate of the same round, and the median of the rounds shown (the JSON has each round's
-//!   figure and the pooled one); *preempt*: the probe thread's involuntary context switches
-//!   per drain that reached the target (`getrusage(RUSAGE_THREAD)` around each round), which a
-//!   vCPU the hypervisor does not run leaves alone: about 1 in queue mode, about 0 in remote;
+//!   percentiles are bucket upper edges, 10 ns wide; tail ones exact); *interrupt*: gaps of 5 us
+//!   or more (fixed: above the probe's own operation and this kind of VM's dense band of 1-3 us
+//!   noise; the notes give each scenario's rate at 2, 5, 10 and 20 us); *in op*: of those, the
+//!   ones that contained the probe's own local operation (waiting for its CPU's lock rather than
+//!   being preempted); *per s*; *per drain*: (interruptions - idle rate x seconds) / drains that
+//!   reached the target, worked out for each round against the idle rate of the same round,
+//!   the median of the rounds shown with its standard error over the rounds (the JSON has each
+//!   round's figure and the pooled one); left out for a round with fewer than 50 drains
+//!   reaching the target, and for the kernel rows, which run without the idle baseline's local
+//!   operation and load (the trace's gaps per drain in the kernel table stand in); *switch*: the
+//!   probe thread's context switches, involuntary plus voluntary, per drain that reached the
+//!   target (around each round), which a vCPU the hypervisor does not run leaves alone: about 1
+//!   in queue mode, about 0 in remote; *op ns*: the median time of the probe's own local
+//!   operation (the owner's cost), timed alone to the nanosecond;
 //! - **requester** (right): drains done at the fixed rate, drain time p50, p99, max, and
 //!   *stalls* (drains that waited 100 ms or more for queued work, or gave up at the 1 s
-//!   timeout; RT throttling lets a worker starved by a `SCHED_FIFO` probe in after 0.95 s).
+//!   timeout; RT throttling lets a worker starved by a `SCHED_FIFO` probe in after 0.95 s). For
+//!   the kernel rows these time the trigger's whole `write()` (a compaction for kernel-lru), not
+//!   the drain: the kernel table under it times the drain's runs on the target from the trace.
 //!
 //! Without isolated CPUs the machine's noise is in every figure, so the modes are compared as
 //! ratios and counts within the run; the notes under the table say so, and say why when a

@@ -87,11 +87,11 @@ pub struct OslatConfig {
     pub gap_log_ns: Option<u64>,
 }
 
-/// The bucket width of a local operation's time: fine enough to tell a lock word's
-/// compare-and-swap from a restartable sequence in the median.
-pub const OP_TIME_WIDTH_NS: u64 = 10;
+/// The bucket width of a local operation's time: 1 ns, so that the median is read to the
+/// nanosecond, not to a bucket's upper edge 10 ns away.
+pub const OP_TIME_WIDTH_NS: u64 = 1;
 /// Its buckets: 20 us; longer operations (preempted inside) are overflows.
-pub const OP_TIME_BUCKETS: usize = 2000;
+pub const OP_TIME_BUCKETS: usize = 20_000;
 
 /// A new, empty histogram of local-operation times.
 pub fn op_time_hist() -> Histogram {
@@ -399,8 +399,11 @@ fn thread_main(
         if now >= next_op {
             if let Some(w) = op {
                 op_in_gap = true;
+                // Timed from just before the operation: the gap's bookkeeping above (histogram
+                // updates, the gap log) is the probe's, not the owner's cost.
+                let began = ticks();
                 let result = w.process_op();
-                op_time.record(cal.to_ns(ticks().saturating_sub(now)));
+                op_time.record(cal.to_ns(ticks().saturating_sub(began)));
                 match result {
                     Ok(()) => local_ops += 1,
                     Err(e) => {

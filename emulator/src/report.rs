@@ -73,6 +73,9 @@ pub struct Row {
     /// The same, round by round (`qpw-emu run` only).
     #[serde(default)]
     pub excess_per_drain_by_round: Vec<Option<f64>>,
+    /// The standard error of `excess_per_drain` over the rounds, with two rounds or more.
+    #[serde(default)]
+    pub excess_per_drain_se: Option<f64>,
     /// The probe thread's context switches (involuntary plus voluntary) per drain that reached
     /// the target: the median over the rounds of `qpw-emu run`, else the pooled figure.
     #[serde(default)]
@@ -225,6 +228,7 @@ impl ThreadView {
             excess_per_drain_by_round: i
                 .map(|i| i.excess_per_drain_by_round.clone())
                 .unwrap_or_default(),
+            excess_per_drain_se: i.and_then(|i| i.excess_per_drain_se),
             preemptions_per_drain: q
                 .probe_preemptions
                 .as_ref()
@@ -316,7 +320,7 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         .max(14);
     let _ = writeln!(
         s,
-        "{:<nw$} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} {:>8} {:>6} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+        "{:<nw$} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>11} {:>8} {:>6} | {:>7} {:>8} {:>8} {:>9} {:>6}",
         "scenario",
         "max",
         "p99",
@@ -334,7 +338,7 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         "max",
         "stalls"
     );
-    let _ = writeln!(s, "{}", "-".repeat(135 + nw));
+    let _ = writeln!(s, "{}", "-".repeat(137 + nw));
     for r in rows {
         let mark = match (r.from_buckets, r.interrupted) {
             (true, true) => "*!",
@@ -344,7 +348,7 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         };
         let _ = writeln!(
             s,
-            "{:<nw$} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>9} {:>8} {:>6} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+            "{:<nw$} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>11} {:>8} {:>6} | {:>7} {:>8} {:>8} {:>9} {:>6}",
             format!("{}{mark}", r.name),
             r.max_us,
             num(r.p99_us, r.at_least[0]),
@@ -353,7 +357,10 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
             opt(r.interruptions, |v| v.to_string()),
             opt(r.during_local_op, |v| v.to_string()),
             opt(r.interruptions_per_s, |v| format!("{v:.0}")),
-            opt(r.excess_per_drain, |v| format!("{v:+.2}")),
+            opt(r.excess_per_drain, |v| match r.excess_per_drain_se {
+                Some(se) => format!("{v:+.2}±{se:.2}"),
+                None => format!("{v:+.2}"),
+            }),
             opt(r.preemptions_per_drain, |v| format!("{v:.2}")),
             opt(r.local_op_ns, |v| format!("{v:.0}")),
             opt(r.drains, |v| v.to_string()),
@@ -375,9 +382,28 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
     if rows.iter().any(|r| r.local_op_ns.is_some()) {
         let _ = writeln!(
             s,
-            "op ns: the median time of the probe's own local operation, the owner's cost (the \
-             workload's operation under its CPU's lock: a compare-and-swap pair in queue and \
-             remote mode, a restartable sequence in fenced mode), in 10 ns steps"
+            "op ns: the median time of the probe's own local operation, the owner's cost: the \
+             workload's whole operation under its CPU's lock (taking and releasing the lock, a \
+             compare-and-swap pair in queue and remote mode, a restartable sequence in fenced \
+             mode, plus the work done under it), run once per --local-op-every, so from a cache \
+             the probe's loop has not kept warm; timed alone with one clock read (lfence + \
+             rdtsc) included, to the nanosecond"
+        );
+    }
+    if rows.iter().any(|r| {
+        r.workload
+            .as_deref()
+            .is_some_and(|w| w.starts_with("kernel-"))
+    }) {
+        let _ = writeln!(
+            s,
+            "kernel-* rows: the requester's columns time the trigger's whole write() (for \
+             kernel-lru a memory compaction), not the drain, whose runs on the target the \
+             kernel table below times from the trace; their `switch` counts the filler's \
+             preemptions of the probe too (it fills the target's caches before each trigger), \
+             and `per drain` is left out: they run without the probe's local operation and the \
+             load, unlike the idle baseline, so the trace's gaps per drain (gaps/d, below) is \
+             their figure"
         );
     }
     if rows.iter().any(|r| r.during_local_op.is_some()) {
@@ -691,5 +717,59 @@ fn series_label(stem: &str, q: &QpwFields) -> String {
     match (&q.mode, &q.workload) {
         (Some(m), Some(w)) => format!("{m} {w}"),
         _ => stem.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rows as a default run recorded them (issue 27): an emulated row with its rounds'
+    /// standard error, and a kernel row, whose excess is left out.
+    fn recorded() -> Vec<Row> {
+        vec![
+            Row {
+                name: "queue-lru".into(),
+                tool: "oslat".into(),
+                workload: Some("lru".into()),
+                excess_per_drain: Some(0.95),
+                excess_per_drain_se: Some(0.17),
+                local_op_ns: Some(41.0),
+                ..Row::default()
+            },
+            Row {
+                name: "kernel-memcg".into(),
+                tool: "oslat".into(),
+                workload: Some("kernel-memcg".into()),
+                preemptions_per_drain: Some(3.37),
+                ..Row::default()
+            },
+        ]
+    }
+
+    #[test]
+    fn the_excess_carries_its_error_and_kernel_rows_none() {
+        let t = table(&recorded(), Some(1), Some(5000));
+        let line = |name: &str| t.lines().find(|l| l.starts_with(name)).unwrap().to_string();
+        assert!(line("queue-lru").contains("+0.95±0.17"), "{t}");
+        let kernel = line("kernel-memcg");
+        assert!(!kernel.contains('±') && kernel.contains(" - "), "{kernel}");
+        assert!(t.contains("interruptions = gaps >= 5.0 us"), "{t}");
+    }
+
+    #[test]
+    fn the_notes_say_what_kernel_rows_and_op_ns_measure() {
+        let t = table(&recorded(), Some(1), Some(5000));
+        assert!(
+            t.contains("kernel-* rows: the requester's columns time the trigger's whole write()"),
+            "{t}"
+        );
+        assert!(
+            t.contains("to the nanosecond") && !t.contains("10 ns steps"),
+            "{t}"
+        );
+        // Without a kernel row, no kernel note.
+        let t = table(&recorded()[..1], Some(1), Some(5000));
+        assert!(!t.contains("kernel-* rows"), "{t}");
     }
 }

@@ -335,10 +335,23 @@ fn run_reports_excess_interruptions_round_by_round() {
     let dir = tempfile::tempdir().unwrap();
     let summary = run_counter_experiment(dir.path(), "1200ms", 3, "median of the rounds");
     assert_eq!(summary["rounds"], 3);
+    // The threshold is fixed (issue 27), and the counts at other thresholds come with it.
+    assert_eq!(summary["threshold_us"].as_f64(), Some(5.0));
     let rows = summary["rows"].as_array().unwrap();
     for name in ["queue-counter", "remote-counter"] {
         let v = read_json(&dir.path().join(format!("{name}.json")));
         let i = &v["interruptions"];
+        let at: Vec<(f64, f64)> = serde_json::from_value(i["per_second_at_us"].clone()).unwrap();
+        assert_eq!(
+            at.iter().map(|a| a.0).collect::<Vec<_>>(),
+            [2.0, 5.0, 10.0, 20.0],
+            "{i}"
+        );
+        assert_eq!(at[1].1, i["per_second"].as_f64().unwrap(), "{i}");
+        assert!(
+            at.windows(2).all(|w| w[0].1 >= w[1].1),
+            "a higher threshold, fewer: {i}"
+        );
         let by_round = i["excess_per_drain_by_round"].as_array().unwrap();
         assert_eq!(by_round.len(), 3, "{name}: {i}");
         let mut known: Vec<f64> = by_round.iter().filter_map(Value::as_f64).collect();
@@ -358,6 +371,11 @@ fn run_reports_excess_interruptions_round_by_round() {
                     "{name}"
                 );
                 assert_eq!(row["excess_per_drain"].as_f64(), Some(median), "{name}");
+                assert_eq!(
+                    i["excess_per_drain_se"].is_number(),
+                    n >= 2,
+                    "{name}: a standard error with two rounds or more: {i}"
+                );
             }
         }
     }
