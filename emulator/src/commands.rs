@@ -369,7 +369,7 @@ pub fn note_outcome(outcome: &Outcome, warnings: &mut Warnings, quiet: bool) {
 /// Prints the requester's line.
 pub fn print_requester(o: &Outcome) {
     if let Some(r) = &o.requester {
-        println!(
+        eprintln!(
             "# qpw-emu requester (cpu {}): {} drains at {}/s: p50 {:.1} p99 {:.1} max {:.1} us (avg {:.1}); \
              {} stalls, {} errors, {} missed slots; CPU drains: {} queued, {} remote, {} skipped",
             r.cpu,
@@ -388,17 +388,17 @@ pub fn print_requester(o: &Outcome) {
         );
         if r.stalls > 0 {
             let longest = r.stall_waits_ms.iter().copied().fold(0.0, f64::max);
-            println!(
+            eprintln!(
                 "# qpw-emu   {} stalls: drains that gave up after {} ms or waited {} ms or more \
                  (longest {longest:.1} ms; each wait in the JSON)",
                 r.stalls, r.timeout_ms, r.stall_threshold_ms
             );
         }
         if let Some(e) = &r.first_error {
-            println!("# qpw-emu   first drain error: {e}");
+            eprintln!("# qpw-emu   first drain error: {e}");
         }
     }
-    println!(
+    eprintln!(
         "# qpw-emu load: {} process-context ops on cpu(s) {} ({} errors); {} drains reached the measured CPU",
         o.load.ops, o.load.cpus, o.load.errors, o.target_drains
     );

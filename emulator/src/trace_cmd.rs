@@ -122,8 +122,8 @@ pub fn attribute_oslat(
     )
 }
 
-/// Prints the attribution of each traced CPU, `top` sources each, and the trace's health;
-/// every line starts with `prefix` (`# qpw-emu ` after an rt-tests tool's own output).
+/// Prints the attribution of each traced CPU, `top` sources each, and the trace's health, on
+/// stderr (the drop-ins' own lines; see [`emit_extra`]); every line starts with `prefix`.
 pub fn print_attribution(fields: &TraceFields, top: usize, drains: Option<u64>, prefix: &str) {
     let mut out = String::new();
     for a in &fields.attribution {
@@ -137,7 +137,7 @@ pub fn print_attribution(fields: &TraceFields, top: usize, drains: Option<u64>, 
         trace::print_work(&mut out, &work, top, drains);
     }
     health_line(&mut out, &fields.health);
-    emit(&out, prefix);
+    emit_extra(&out, prefix);
 }
 
 /// After an rt-tests tool's own output, on `# qpw-emu` lines: the running kernel's mode when
@@ -152,10 +152,10 @@ pub fn print_after_tool(
     match traced {
         Some(t) => {
             let drains = outcome.and_then(|o| o.requester.as_ref()).map(|r| r.drains);
-            emit(&t.kernel.lines().join("\n"), PREFIX);
+            emit_extra(&t.kernel.lines().join("\n"), PREFIX);
             print_attribution(t, 12, drains, PREFIX);
         }
-        None if kernel_workload => emit(&KernelInfo::read().lines().join("\n"), PREFIX),
+        None if kernel_workload => emit_extra(&KernelInfo::read().lines().join("\n"), PREFIX),
         None => {}
     }
 }
@@ -164,6 +164,15 @@ pub fn print_after_tool(
 pub fn emit(text: &str, prefix: &str) {
     for line in text.lines() {
         println!("{prefix}{line}");
+    }
+}
+
+/// As [`emit`], on stderr: the oslat and cyclictest drop-ins' own lines go there, because
+/// scripts parse the real tools' stdout, some from its end (Linaro's cyclictest test reads
+/// `tail -n <threads>` as the `T:` lines), so nothing of ours may follow the tool's lines.
+pub fn emit_extra(text: &str, prefix: &str) {
+    for line in text.lines() {
+        eprintln!("{prefix}{line}");
     }
 }
 

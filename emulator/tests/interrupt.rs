@@ -47,9 +47,10 @@ fn oslat_ctrl_c_prints_the_summary_and_marks_the_json() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.contains("     Maximum:\t"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stdout.contains("# qpw-emu: interrupted (SIGINT)"),
-        "{stdout}"
+        stderr.contains("# qpw-emu: interrupted (SIGINT)") && !stdout.contains("# qpw-emu"),
+        "our lines go to stderr:\n{stdout}\n{stderr}"
     );
     let v = read_json(&json);
     assert_eq!(v["interrupted"], true);

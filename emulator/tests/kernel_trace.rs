@@ -297,6 +297,59 @@ fn interrupted_runs_leave_nothing_behind() {
     assert!(forced_seen, "no try ended by the second SIGINT (exit 130)");
 }
 
+/// A run killed with SIGKILL cannot clean up: its tracefs instance (and its private tracefs
+/// mount, when it made one) stay. The next traced run removes them, and says so (issue 25).
+#[test]
+fn what_a_killed_run_left_is_removed_by_the_next() {
+    let _one_at_a_time = live();
+    let test = "what_a_killed_run_left_is_removed_by_the_next";
+    if !can_trace(test) || !two_cpus(test) {
+        return;
+    }
+    let cpu = target();
+    let traced = |seconds: &str| {
+        let mut c = emu();
+        c.args(["oslat", "-c", &cpu, "-D", seconds, "-q", "--trace"]);
+        c
+    };
+    let mut child = traced("60")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Until its instance exists (its private mount, if any, comes first).
+    let instance = format!("instances/qpw-emu-{pid}");
+    let start = Instant::now();
+    while !leftovers(pid).iter().any(|l| l.contains(&instance))
+        && start.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: `kill` with a valid pid of our own child and a signal number.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let left = leftovers(pid);
+    assert!(
+        left.iter().any(|l| l.contains(&format!("qpw-emu-{pid}"))),
+        "SIGKILL left no instance to clean up? {left:?}"
+    );
+    let out = traced("1").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "left by a run (pid {pid}) that ended without removing it"
+        )),
+        "{stderr}"
+    );
+    assert_eq!(
+        leftovers(pid),
+        Vec::<String>::new(),
+        "the killed run's instance and mount are gone"
+    );
+}
+
 fn wait(mut child: std::process::Child, limit: Duration) -> Output {
     let start = Instant::now();
     while child.try_wait().unwrap().is_none() {

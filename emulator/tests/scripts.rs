@@ -163,3 +163,54 @@ fn osadls_command_line_runs_and_plots() {
     }
     assert!(!pipe(OSADL_MAX, &out).is_empty());
 }
+
+/// Linaro's cyclictest test definition (test-definitions, `automated/linux/cyclictest`, the
+/// version that parses the text): runs `cyclictest -p P -i I -t N -l L | tee log`, then reads the
+/// last N lines as the `T:` lines. Our own lines once followed them on stdout, and this parser
+/// turned them into `tqpw-emu-min-latency pass p99.99 us` (issue 25); they go to stderr now.
+fn linaro_parser(threads: usize) -> String {
+    format!(
+        "tail -n {threads} | sed 's/T:/T: /' | awk '{{printf(\"t%s-min-latency pass %s us\\n\", \
+         $2, $(NF-6))}}; {{printf(\"t%s-avg-latency pass %s us\\n\", $2, $(NF-2))}}; \
+         {{printf(\"t%s-max-latency pass %s us\\n\", $2, $NF)}};'"
+    )
+}
+
+#[test]
+fn linaros_parser_reads_our_last_lines_as_t_lines() {
+    // Without -p (a SCHED_FIFO priority needs root); the parser does not look at it. Then one
+    // thread on the last CPU under the drain load, whose requester line was one of those that
+    // broke it.
+    let last = qpw_core::allowed_cpus()
+        .unwrap()
+        .last()
+        .unwrap()
+        .to_string();
+    let plain = "cyclictest -i 1000 -t 2 -l 300".to_string();
+    let loaded =
+        format!("cyclictest -i 1000 -t 1 -a {last} -l 300 --mode queue --workload counter");
+    let mut cases = vec![(plain, 2)];
+    if qpw_core::allowed_cpus().unwrap().len() > 1 {
+        cases.push((loaded, 1));
+    }
+    for (line, threads) in cases {
+        let stdout = run(&line);
+        let parsed = pipe(&linaro_parser(threads), &stdout);
+        let lines: Vec<&str> = parsed.lines().collect();
+        assert_eq!(
+            lines.len(),
+            3 * threads,
+            "{line}: {parsed}\nfrom:\n{stdout}"
+        );
+        for (i, l) in lines.iter().enumerate() {
+            let f: Vec<&str> = l.split(' ').collect();
+            let (t, kind) = (i / 3, ["min", "avg", "max"][i % 3]);
+            assert_eq!(f[0], format!("t{t}-{kind}-latency"), "{line}: {parsed}");
+            assert_eq!((f[1], f[3]), ("pass", "us"), "{line}: {parsed}");
+            assert!(
+                f[2].parse::<u64>().is_ok(),
+                "{line}: not a latency: {l}\n{stdout}"
+            );
+        }
+    }
+}

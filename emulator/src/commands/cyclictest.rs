@@ -5,8 +5,9 @@
 //! live lines (`policy: ...: loadavg: ...`, then `T: 0 (tid) P:.. I:.. C:.. Min: Act: Avg: Max:`
 //! per thread, redrawn in place) unless `-q`, or `-v`'s `thread:cycle:value` lines; with `-q`
 //! and no histogram, the `T:` lines once at the end; `--spike`'s list; the `# Histogram` block
-//! with `-h`; with `-b`, `# Thread Ids:` and the break. Ours come after, on lines of their own
-//! that start with `# qpw-emu`.
+//! with `-h`; with `-b`, `# Thread Ids:` and the break. Ours go to stderr, on lines of their own
+//! that start with `# qpw-emu`: scripts read the `T:` lines from the end of stdout (Linaro's
+//! `tail -n <threads>`), so nothing of ours may follow them there.
 //!
 //! A few flags are taken with their stated meaning where 2.4's code differs from its help:
 //! `--policy batch` and `idle` are applied (2.4 runs such threads `SCHED_OTHER`).
@@ -392,7 +393,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     print_extras(&run, cfg.local_op.is_some());
     if let Some(o) = &load.outcome {
         print_requester(o);
-        println!("# qpw-emu {}", throttling.line());
+        eprintln!("# qpw-emu {}", throttling.line());
     }
     crate::trace_cmd::print_after_tool(
         traced.as_ref(),
@@ -400,7 +401,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()),
     );
     if run.interrupted {
-        println!("# qpw-emu: interrupted (SIGINT)");
+        eprintln!("# qpw-emu: interrupted (SIGINT)");
     }
     let _ = std::io::stdout().flush();
     Ok(())
@@ -426,7 +427,7 @@ fn final_line(i: usize, t: &cyclictest::CyclicThread, spec: &ThreadSpec, nsecs: 
 /// Our figures, after cyclictest's: exact percentiles and overruns per thread.
 fn print_extras(run: &CyclicRun, local_ops: bool) {
     for (i, t) in run.threads.iter().enumerate() {
-        println!(
+        eprintln!(
             "# qpw-emu thread {i} (cpu {}): {}; {} overruns{}",
             t.cpu,
             t.hist.percentiles_us(),

@@ -5,8 +5,9 @@
 //! (`dump_globals()`), `Pre-heat for 1 seconds...` and `Test starts...`; `Global bias set to`
 //! with `-B`; unless `-q`, `Test completed.` and a blank line; then the summary
 //! (`write_summary()`): one column per CPU, every bucket (or the non-zero ones with `-z`),
-//! minimum, average, maximum, max-min and duration, and a blank line. Ours come after, on lines
-//! of their own that start with `# qpw-emu`.
+//! minimum, average, maximum, max-min and duration, and a blank line. Ours go to stderr, on
+//! lines of their own that start with `# qpw-emu`: nothing of ours follows oslat's lines on
+//! stdout, where scripts parse them.
 //!
 //! `-T` ends the run as oslat does: its message on stderr, exit status 1, no summary, no JSON.
 
@@ -32,7 +33,7 @@ const LOOP_WORKLOADS: [&str; 2] = ["no", "memmove"];
 pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     if args.version {
         println!("oslat V {RT_TESTS_VERSION}");
-        println!("# qpw-emu {}", env!("CARGO_PKG_VERSION"));
+        eprintln!("# qpw-emu {}", env!("CARGO_PKG_VERSION"));
         return Ok(());
     }
     let cpus = Cpus::read()?;
@@ -193,14 +194,14 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     print_summary(&run, args.zero_omit);
     print_extras(&run, &cfg);
     if let Some(s) = &spec {
-        println!(
+        eprintln!(
             "# qpw-emu load: {} mode, workload {}, {} drains/s from cpu {}, load on {}",
             s.mode, s.workload, s.drain_rate_hz, s.requester_cpu, s.load_cpus
         );
     }
     if let Some(o) = &load.outcome {
         print_requester(o);
-        println!("# qpw-emu {}", throttling.line());
+        eprintln!("# qpw-emu {}", throttling.line());
     }
     crate::trace_cmd::print_after_tool(
         traced.as_ref(),
@@ -208,7 +209,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()),
     );
     if run.interrupted {
-        println!(
+        eprintln!(
             "# qpw-emu: interrupted (SIGINT) after {:.3} s of {:.3} s",
             run.threads.first().map_or(0.0, |t| t.duration_s),
             duration.as_secs_f64()
@@ -346,7 +347,7 @@ fn print_summary(run: &OslatRun, zero_omit: bool) {
 /// Our figures, after oslat's: exact percentiles per CPU.
 fn print_extras(run: &OslatRun, cfg: &OslatConfig) {
     for t in &run.threads {
-        println!(
+        eprintln!(
             "# qpw-emu cpu {}: {}; exact avg {:.3} us; {} gaps past the last bucket{}",
             t.cpu,
             t.hist.percentiles_us(),

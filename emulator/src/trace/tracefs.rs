@@ -56,10 +56,12 @@ impl Mount {
     /// Finds tracefs in `/proc/mounts`, else mounts it on a private directory.
     fn find_or_mount() -> Result<Self> {
         let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+        // Not a private mount that a killed run left behind: it is unmounted below.
         let found = mounts.lines().find_map(|l| {
             let mut f = l.split(' ');
             let (_dev, dir, kind) = (f.next()?, f.next()?, f.next()?);
-            (kind == "tracefs").then(|| PathBuf::from(dir.replace("\\040", " ")))
+            let dir = PathBuf::from(dir.replace("\\040", " "));
+            (kind == "tracefs" && stale_pid(&dir, "qpw-emu-tracefs-").is_none()).then_some(dir)
         });
         if let Some(path) = found {
             if path.join("instances").is_dir() {
@@ -98,6 +100,61 @@ impl Mount {
             ours: true,
         })
     }
+}
+
+/// The pid in a name `<prefix><pid>` (a path's last part) when that process no longer exists:
+/// what a run killed before it could clean up left behind.
+fn stale_pid(path: &Path, prefix: &str) -> Option<u32> {
+    let pid: u32 = path
+        .file_name()?
+        .to_str()?
+        .strip_prefix(prefix)?
+        .parse()
+        .ok()?;
+    (pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
+}
+
+/// Removes what runs that were killed before they could clean up left behind: tracefs
+/// instances `qpw-emu-<pid>` under `mount` and private tracefs mounts `qpw-emu-tracefs-<pid>`
+/// of processes that no longer exist. Returns a line for each thing removed.
+fn remove_stale(mount: &Path) -> Vec<String> {
+    let mut removed = Vec::new();
+    if let Ok(dir) = fs::read_dir(mount.join("instances")) {
+        for e in dir.flatten() {
+            let path = e.path();
+            if let Some(pid) = stale_pid(&path, "qpw-emu-") {
+                // Nothing reads a dead process's instance, so it can go at once.
+                match fs::remove_dir(&path) {
+                    Ok(()) => removed.push(format!(
+                        "removed the tracefs instance {} left by a run (pid {pid}) that ended \
+                         without removing it",
+                        path.display()
+                    )),
+                    Err(e) => removed.push(format!(
+                        "cannot remove the tracefs instance {} left by pid {pid}: {e}",
+                        path.display()
+                    )),
+                }
+            }
+        }
+    }
+    let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
+    for l in mounts.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.len() < 3 || f[2] != "tracefs" {
+            continue;
+        }
+        let dir = PathBuf::from(f[1].replace("\\040", " "));
+        if let Some(pid) = stale_pid(&dir, "qpw-emu-tracefs-") {
+            unmount(&dir);
+            removed.push(format!(
+                "unmounted the tracefs mount {} left by a run (pid {pid}) that ended without \
+                 unmounting it",
+                dir.display()
+            ));
+        }
+    }
+    removed
 }
 
 /// The error for a tracefs that is not mounted and cannot be.
@@ -164,6 +221,9 @@ impl Instance {
     ) -> Result<Self> {
         preflight()?;
         let mount = Mount::find_or_mount()?;
+        for line in remove_stale(&mount.path) {
+            eprintln!("qpw-emu: {line}");
+        }
         let dir = mount.path.join("instances").join(name);
         fs::create_dir(&dir).with_context(|| {
             format!(
