@@ -452,9 +452,15 @@ pub fn int_range(lo: u64, hi: u64) -> impl Fn(&str) -> Result<u64, String> + Clo
     }
 }
 
-/// A value parser for a duration (see [`crate::validate::duration`]).
+/// A value parser for a drop-in's `-D`, read as rt-tests reads it (see
+/// [`crate::validate::parse_rt_duration`]); when only the real tool's reading made sense of it,
+/// says on stderr how it was read.
 pub fn duration_value(raw: &str) -> Result<Duration, String> {
-    crate::validate::parse_duration(raw)
+    let (d, note) = crate::validate::parse_rt_duration(raw)?;
+    if let Some(note) = note {
+        eprintln!("qpw-emu: --duration {raw}: {note}");
+    }
+    Ok(d)
 }
 
 /// A value parser for a cyclictest run length: `0` is "until stopped".
@@ -462,7 +468,7 @@ pub fn run_length(raw: &str) -> Result<RunLength, String> {
     if raw.trim().parse::<u64>() == Ok(0) {
         return Ok(RunLength::UntilStopped);
     }
-    crate::validate::parse_duration(raw).map(RunLength::For)
+    duration_value(raw).map(RunLength::For)
 }
 
 /// A value parser for a memory size as oslat writes it: `16K`, `1M`, `1G`, or bytes.

@@ -74,6 +74,43 @@ pub fn parse_duration(raw: &str) -> std::result::Result<Duration, String> {
     Ok(d)
 }
 
+/// A duration as rt-tests 2.4 reads `-D` (its `parse_time_string`): ours first (`10`, `30s`,
+/// `500ms`, `20m`, `2h`, `1d`, any case), else what the real tool makes of it: the number before
+/// the first letter, in the unit of that letter (`m`, `h` or `d`; any other is seconds), the rest
+/// ignored. So kubevirt's `1m0s` is a minute, as in oslat. The second value says so when the
+/// real tool's reading was needed, for a warning: `1h30m` is an hour to oslat too.
+pub fn parse_rt_duration(raw: &str) -> std::result::Result<(Duration, Option<String>), String> {
+    if let Ok(d) = parse_duration(raw) {
+        return Ok((d, None));
+    }
+    let text = raw.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, rest) = text.split_at(split);
+    let bad = || parse_duration(raw).unwrap_err();
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let (unit, secs) = match rest.chars().next() {
+        Some('m' | 'M') => ("m", 60),
+        Some('h' | 'H') => ("h", 3600),
+        Some('d' | 'D') => ("d", 86_400),
+        _ => ("s", 1),
+    };
+    let d = n
+        .checked_mul(secs)
+        .map(Duration::from_secs)
+        .filter(|d| !d.is_zero() && *d <= MAX_DURATION)
+        .ok_or_else(bad)?;
+    Ok((
+        d,
+        Some(format!(
+            "read as {n}{unit} ({} s), as rt-tests 2.4 reads it: the number, then the unit of \
+             the first letter after it, and the rest ignored",
+            d.as_secs()
+        )),
+    ))
+}
+
 /// The parent directory of an output file must exist before a run starts, so that a typo in
 /// `--json` costs nothing (`-` is stdout).
 pub fn output_file(flag: &str, path: &std::path::Path) -> Result<()> {
@@ -201,6 +238,30 @@ mod tests {
             let e = duration("--duration", bad).unwrap_err().to_string();
             assert!(e.starts_with(&format!("--duration {bad}:")), "{e}");
             assert!(e.contains("1ms to 7d"), "{e}");
+        }
+    }
+
+    /// The drop-ins' `-D` as rt-tests 2.4's `parse_time_string` reads it: kubevirt passes
+    /// `--duration 1m0s` to oslat, which runs a minute; ours refused it (issue 25).
+    #[test]
+    fn rt_durations_read_as_the_real_tools_read_them() {
+        let read =
+            |raw: &str| parse_rt_duration(raw).map(|(d, note)| (d.as_secs(), note.is_some()));
+        assert_eq!(read("1m0s"), Ok((60, true)));
+        assert_eq!(read("1h30m"), Ok((3600, true)));
+        assert_eq!(read("10x"), Ok((10, true)));
+        assert_eq!(read("2H"), Ok((7200, false)));
+        assert_eq!(read("20M"), Ok((1200, false)));
+        assert_eq!(read("30s"), Ok((30, false)));
+        assert_eq!(
+            parse_rt_duration("500ms").map(|(d, n)| (d, n.is_some())),
+            Ok((Duration::from_millis(500), false))
+        );
+        for bad in ["", "abc", "0", "0m1s", "-5", "8d", "99999999999999999999"] {
+            assert!(
+                parse_rt_duration(bad).unwrap_err().contains("1ms to 7d"),
+                "{bad}"
+            );
         }
     }
 
