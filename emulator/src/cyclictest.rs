@@ -394,15 +394,15 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Res
             interrupted = true;
             break;
         }
-        let all_done = cfg.loops > 0
+        let one_done = cfg.loops > 0
             && live
                 .iter()
-                .all(|l| l.cycles.load(Ordering::Relaxed) >= cfg.loops);
+                .any(|l| l.cycles.load(Ordering::Relaxed) >= cfg.loops);
         // A thread that ended before its loops were done failed (or panicked): stop all.
         let failed = handles.iter().zip(&live).any(|(h, l)| {
             h.is_finished() && (cfg.loops == 0 || l.cycles.load(Ordering::Relaxed) < cfg.loops)
         });
-        if ctl.stop.load(Ordering::SeqCst) || all_done || failed || watch.tick(&live) {
+        if ctl.stop.load(Ordering::SeqCst) || one_done || failed || watch.tick(&live) {
             break;
         }
         crate::signals::wait_for(Duration::from_millis(10));
@@ -681,7 +681,10 @@ fn thread_main(
                 next += interval;
             }
         }
+        // The first thread to reach -l stops them all, as in cyclictest (its `shutdown`): the
+        // others show fewer cycles.
         if cfg.loops > 0 && t.cycles >= cfg.loops {
+            ctl.stop.store(true, Ordering::SeqCst);
             break;
         }
     }

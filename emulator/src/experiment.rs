@@ -598,6 +598,7 @@ impl Ctx {
             rtprio: self.rtprio,
             trace_threshold_ns: None,
             local_op: setup.local_op(),
+            announce_start: false,
             quiet: self.quiet,
             label: format!("{} ({}/{})", acc.name, round + 1, self.rounds),
             progress_span: Some((self.chunk * self.done, self.chunk * self.total_chunks)),

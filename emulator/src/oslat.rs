@@ -75,6 +75,10 @@ pub struct OslatConfig {
     pub trace_threshold_ns: Option<u64>,
     /// The local operation, if any.
     pub local_op: Option<LocalOp>,
+    /// oslat's lines at the start of the measuring, printed when every thread is past its
+    /// pre-heat: `Global bias set to` (with `bias`) and, when this is set, `Test starts...`.
+    /// So a `-T` trigger comes after them, as in oslat, which arms it only then.
+    pub announce_start: bool,
     /// No progress display.
     pub quiet: bool,
     /// The progress label.
@@ -237,6 +241,20 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
     ctl.go.store(true, Ordering::SeqCst);
     // Release the load once every thread measures.
     threads::wait_for(&ctl.running, n, &handles);
+    if cfg.bias {
+        let min = ctl.preheat_min_ns.load(Ordering::SeqCst);
+        let w = cfg.bucket_width_ns.max(1);
+        if min != u64::MAX {
+            println!("Global bias set to {} (us)", (min / w + 1) * w / 1000);
+        }
+    }
+    if cfg.announce_start {
+        println!("Test starts...");
+    }
+    if cfg.bias || cfg.announce_start {
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+    }
     phase.go();
     // No progress line when the main thread shares a measured CPU: redrawing it would disturb
     // the measuring.

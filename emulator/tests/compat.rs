@@ -264,6 +264,13 @@ fn oslat_trace_threshold() {
         o.stderr
     );
     o.lacks("Maximum:");
+    // oslat arms the trigger after the pre-heat, when it says `Test starts...`: without -q the
+    // trigger comes after that line (ours used to fire before it was printed; issue 25).
+    let o = run("oslat -c 1 -D 5 -T 1");
+    assert_eq!(o.code, Some(1));
+    o.has("Pre-heat for 1 seconds...\n")
+        .has("Test starts...\n")
+        .lacks("Test completed.");
 }
 
 #[test]
@@ -320,6 +327,33 @@ fn cyclictest_breaktrace() {
         .ok()
         .has("# Thread Ids:")
         .has("# Break value: ");
+}
+
+/// `-l` with several threads: the first thread to reach it stops them all, as in cyclictest
+/// (its `shutdown`); the others show fewer cycles. Ours ran every thread to -l (issue 25).
+#[test]
+fn cyclictest_loops_end_every_thread_with_the_first() {
+    // Thread 1's interval is 1000 + 500 us (-d's default distance): about 2/3 of thread 0's
+    // cycles when thread 0 reaches 150.
+    let o = run("cyclictest -l 150 -q -t 2 -i 1000");
+    let cycles: Vec<u64> = o
+        .ok()
+        .t_lines()
+        .iter()
+        .map(|l| {
+            let c = l
+                .split("C:")
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap();
+            c.parse().unwrap()
+        })
+        .collect();
+    assert_eq!(cycles.len(), 2, "{}", o.stdout);
+    assert_eq!(cycles[0], 150, "{}", o.stdout);
+    assert!(cycles[1] < 150, "thread 1 ran to -l too: {}", o.stdout);
 }
 
 #[test]

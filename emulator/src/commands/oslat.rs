@@ -148,6 +148,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         // oslat stops at a gap whose rounded-up microseconds reach -T: floor(us) >= T - 1.
         trace_threshold_ns: args.trace_threshold.map(|us| (us - 1) * 1000),
         local_op: load.local_op(),
+        announce_start: !quiet,
         quiet,
         label: "oslat".to_string(),
         progress_span: None,
@@ -183,11 +184,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         eprint!("{line}");
         return Err(Exit(1).into());
     }
-    if let Some(bias) = run.bias_ns {
-        println!("Global bias set to {} (us)", bias / 1000);
-    }
     if !quiet {
-        println!("Test starts...");
         println!("Test completed.");
         println!();
     }
