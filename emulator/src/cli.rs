@@ -34,6 +34,7 @@ pub enum Command {
     /// comparison table, JSON and SVG files in a results folder.
     Run(RunArgs),
     /// The oslat probe: a TSC busy loop counting every gap, on each CPU of -c.
+    #[command(help_template = OSLAT_HELP)]
     Oslat(Box<OslatArgs>),
     /// The cyclictest probe: threads waking on an absolute deadline, measuring how late.
     Cyclictest(Box<CyclictestArgs>),
@@ -55,6 +56,15 @@ pub enum Command {
     #[command(name = "__filler", hide = true)]
     Filler(FillerArgs),
 }
+
+/// `oslat --help` as oslat 2.4 starts it (version, `Usage:`, `oslat <options>`), then the
+/// options it has, then ours under their own heading.
+const OSLAT_HELP: &str = "oslat V 2.40\nUsage:\noslat <options>\n\nqpw-emu's oslat: the same busy \
+loop on each CPU of -c, counting every gap, with oslat's flags and output; a drain load \
+and a trace on our own options.\n\n{all-args}";
+
+/// The heading of the drop-ins' own options, after the real tool's in `--help`.
+pub const OURS: &str = "Options of qpw-emu (not in rt-tests)";
 
 /// `qpw-emu trace`.
 #[derive(Debug, Clone, Args)]
@@ -234,7 +244,7 @@ pub struct RunArgs {
 /// `qpw-emu oslat`: every flag of rt-tests 2.4's `oslat --help`, with its defaults (all CPUs,
 /// one second, 32 buckets of 1 us, a one-second pre-heat), plus ours after them.
 #[derive(Debug, Clone, Args)]
-#[command(infer_long_args = true)]
+#[command(infer_long_args = true, next_help_heading = "Available options")]
 pub struct OslatArgs {
     /// Number of buckets, 4-1024 (oslat's range).
     #[arg(short = 'b', long, value_name = "N", default_value = "32",
@@ -255,7 +265,8 @@ pub struct OslatArgs {
     pub duration: Duration,
     /// Attribute every gap at or above this many microseconds (default 5 when given without
     /// a value) to what ran on the CPU then, from a private tracefs instance (root).
-    #[arg(long, value_name = "TIME", num_args = 0..=1, default_missing_value = "5")]
+    #[arg(long, value_name = "TIME", num_args = 0..=1, default_missing_value = "5",
+          help_heading = OURS)]
     pub trace: Option<String>,
     /// Write the results as JSON to this file (- for stdout).
     #[arg(long, value_name = "FILE")]
@@ -284,10 +295,10 @@ pub struct OslatArgs {
     pub zero_omit: bool,
     /// Bucket width in nanoseconds, 1-1000000 (ours; oslat's buckets are 1 us).
     #[arg(short = 'W', long, value_name = "NS", default_value = "1000",
-          value_parser = int_range(1, 1_000_000))]
+          value_parser = int_range(1, 1_000_000), help_heading = OURS)]
     pub bucket_width: u64,
     /// The drain load (ours); `-w/--workload` also takes oslat's own busy-loop workloads.
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = OURS)]
     pub drain: DrainArgs,
 }
 
@@ -508,6 +519,78 @@ pub fn args_for_invocation(
         args.insert(1, tool.into());
     }
     args
+}
+
+/// What oslat 2.4 prints for a command line it refuses, for a refusal of clap's: getopt's
+/// `oslat: invalid option -- 'x'` (or `unrecognized option '--x'`, `option requires an argument
+/// -- 'D'`) on stderr and the usage on stdout, or oslat's own `Illegal runtime: abc` and
+/// `Illegal bucket size: 2000 (should be: 4-1024)` after its version line; exit status 1, as
+/// oslat's. Returns the exit status when it printed, `None` for errors oslat has no shape for
+/// (clap's message stands).
+pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory;
+    let ctx = |k| match e.get(k) {
+        Some(ContextValue::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let mut cmd = Cli::command();
+    let usage = |cmd: &mut clap::Command| {
+        cmd.find_subcommand_mut("oslat")
+            .map(|o| o.render_help().to_string())
+            .unwrap_or_default()
+    };
+    // The flag an error names (`--duration <TIME>`): its short letter, if it has one.
+    let short_of = |cmd: &clap::Command, named: &str| {
+        let long = named
+            .trim_start_matches('-')
+            .split(' ')
+            .next()
+            .unwrap_or("");
+        cmd.find_subcommand("oslat")?
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long))?
+            .get_short()
+    };
+    match e.kind() {
+        ErrorKind::UnknownArgument => {
+            let arg = ctx(ContextKind::InvalidArg)?;
+            match arg.strip_prefix("--") {
+                Some(_) => eprintln!("oslat: unrecognized option '{arg}'"),
+                None => eprintln!(
+                    "oslat: invalid option -- '{}'",
+                    arg.trim_start_matches('-').chars().next().unwrap_or('?')
+                ),
+            }
+            print!("{}", usage(&mut cmd));
+            Some(1)
+        }
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
+            let arg = ctx(ContextKind::InvalidArg)?;
+            let value = ctx(ContextKind::InvalidValue).unwrap_or_default();
+            if value.is_empty() {
+                let short = short_of(&cmd, &arg)?;
+                eprintln!("oslat: option requires an argument -- '{short}'");
+                print!("{}", usage(&mut cmd));
+                return Some(1);
+            }
+            let line = if arg.starts_with("--duration") {
+                format!("Illegal runtime: {value}")
+            } else if arg.starts_with("--bucket-size") {
+                format!("Illegal bucket size: {value} (should be: 4-1024)")
+            } else {
+                return None;
+            };
+            println!("oslat V 2.40");
+            println!("{line}");
+            // And ours, which says what is legal.
+            let ours = e.to_string();
+            let ours = ours.lines().next().unwrap_or_default();
+            eprintln!("qpw-emu: {}", ours.trim_start_matches("error: "));
+            Some(1)
+        }
+        _ => None,
+    }
 }
 
 /// `qpw-emu load`.

@@ -27,7 +27,20 @@ fn main() {
         }
     }
     let args = qpw_emulator::cli::args_for_invocation(std::env::args_os());
-    let cli = qpw_emulator::cli::Cli::parse_from(args);
+    let oslat = args.get(1).is_some_and(|a| a == "oslat");
+    let cli = match qpw_emulator::cli::Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // The oslat drop-in refuses as oslat does, where oslat has a shape for it.
+            if let Some(code) = oslat
+                .then(|| qpw_emulator::cli::oslat_refusal(&e))
+                .flatten()
+            {
+                std::process::exit(code);
+            }
+            e.exit()
+        }
+    };
     if let Err(e) = qpw_emulator::commands::dispatch(cli) {
         if let Some(exit) = e.downcast_ref::<qpw_emulator::commands::Exit>() {
             std::process::exit(exit.0);

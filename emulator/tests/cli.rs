@@ -166,14 +166,81 @@ fn rejects_all(cases: &[(&str, [&str; 2])]) {
         let out = emu().args(&args).output().unwrap();
         assert!(!out.status.success(), "{args:?} should fail");
         let err = String::from_utf8_lossy(&out.stderr);
+        // Ours, or (oslat's -D and -b) after oslat's own line on stdout.
         assert!(
-            err.starts_with("Error: ") || err.starts_with("error: invalid value"),
+            err.starts_with("Error: ")
+                || err.starts_with("error: invalid value")
+                || err.starts_with("qpw-emu: invalid value"),
             "{args:?}: {err}"
         );
         for n in needles {
             assert!(err.contains(n), "{args:?}: `{n}` not in: {err}");
         }
     }
+}
+
+/// oslat 2.4's refusals, as recorded from Debian's rt-tests 2.4 on this machine (issue 25):
+/// wrappers grep these lines and check the exit status.
+#[test]
+fn oslat_refuses_as_oslat_does() {
+    // (command line, exit status, stdout starts with, stderr has)
+    let cases = [
+        (
+            "oslat -x",
+            "oslat V 2.40\nUsage:\noslat <options>\n",
+            "oslat: invalid option -- 'x'",
+        ),
+        (
+            "oslat --bogus",
+            "oslat V 2.40\nUsage:\n",
+            "oslat: unrecognized option '--bogus'",
+        ),
+        (
+            "oslat -D",
+            "oslat V 2.40\nUsage:\n",
+            "oslat: option requires an argument -- 'D'",
+        ),
+        (
+            "oslat -D abc",
+            "oslat V 2.40\nIllegal runtime: abc\n",
+            "1ms to 7d",
+        ),
+        (
+            "oslat -b 2000",
+            "oslat V 2.40\nIllegal bucket size: 2000 (should be: 4-1024)\n",
+            "4-1024",
+        ),
+    ];
+    for (line, stdout_starts, stderr_has) in cases {
+        let out = emu().args(line.split(' ')).output().unwrap();
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(1), "{line}: {so}{se}");
+        assert!(so.starts_with(stdout_starts), "{line}: stdout:\n{so}");
+        assert!(se.contains(stderr_has), "{line}: stderr:\n{se}");
+    }
+    // --help starts as oslat's, and lists ours after oslat's options, under their heading.
+    let out = emu().args(["oslat", "--help"]).output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        help.starts_with("oslat V 2.40\nUsage:\noslat <options>\n"),
+        "{help}"
+    );
+    let (real, ours) = help
+        .split_once("Options of qpw-emu (not in rt-tests):")
+        .expect("our heading");
+    assert!(
+        real.contains("--bucket-size") && real.contains("--zero-omit"),
+        "{help}"
+    );
+    assert!(ours.contains("--mode") && ours.contains("--bucket-width") && ours.contains("--trace"));
+    assert!(
+        !real.contains("--mode") && !real.contains("--bucket-width"),
+        "{help}"
+    );
 }
 
 #[test]
