@@ -1376,6 +1376,7 @@ impl Ctx {
             let mut series = Vec::new();
             let gaps = |label: &str, a: &Acc| Series {
                 max_us: Some(a.hist.max_ns() as f64 / 1000.0),
+                bucket_us: Some(GAP_WIDTH_NS as f64 / 1000.0),
                 ..Series::exact(label, a.hist.nonzero_buckets_us())
             };
             if let Some(idle) = idle {

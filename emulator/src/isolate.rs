@@ -267,54 +267,63 @@ fn isolate(
     report.recovered = std::mem::take(&mut *RECOVERED.lock().unwrap_or_else(|e| e.into_inner()));
     let me = std::process::id() as i32;
 
-    // 1. Tasks.
+    // 1. Tasks. In passes: a thread that a process not yet moved starts during a pass has the
+    // old mask and is not in that pass's list; the next pass finds it (a moved process's new
+    // threads inherit the narrowed mask), until a pass moves nothing.
     let mut moved = 0;
-    for (tgid, tid) in all_threads() {
-        if tgid == me {
-            continue;
-        }
-        let Ok(before) = get_affinity(tid) else {
-            continue; // gone
-        };
-        if before.intersection(cpus).is_empty() {
-            continue;
-        }
-        let after = before.difference(cpus);
-        if after.is_empty() {
-            let why = if task_flags(tgid) & PF_KTHREAD != 0 {
-                "per-CPU kernel thread"
-            } else {
-                "pinned there by its owner, left"
+    let mut handled = std::collections::HashSet::new();
+    for _pass in 0..5 {
+        let moved_before = moved;
+        for (tgid, tid) in all_threads() {
+            if tgid == me || !handled.insert(tid) {
+                continue;
+            }
+            let Ok(before) = get_affinity(tid) else {
+                continue; // gone
             };
-            report
-                .tasks_stayed
-                .push(format!("{tid} {}: {why}", comm(tgid, tid)));
-            continue;
-        }
-        // Recorded before the change, so that a kill between the two still restores it.
-        s.tasks.push(SavedTask {
-            tid,
-            tgid,
-            before: before.iter().collect(),
-            set: after.iter().collect(),
-        });
-        persist(s, state_file);
-        match set_affinity(tid, &after) {
-            Ok(()) => moved += 1,
-            Err(e) => {
-                s.tasks.pop();
-                if e.raw_os_error() == Some(libc::ESRCH) {
-                    continue;
-                }
-                let why = if task_flags(tgid) & PF_NO_SETAFFINITY != 0 {
-                    "kernel thread that takes no affinity from userspace"
+            if before.intersection(cpus).is_empty() {
+                continue;
+            }
+            let after = before.difference(cpus);
+            if after.is_empty() {
+                let why = if task_flags(tgid) & PF_KTHREAD != 0 {
+                    "per-CPU kernel thread"
                 } else {
-                    "refused"
+                    "pinned there by its owner, left"
                 };
                 report
                     .tasks_stayed
-                    .push(format!("{tid} {}: {why} ({e})", comm(tgid, tid)));
+                    .push(format!("{tid} {}: {why}", comm(tgid, tid)));
+                continue;
             }
+            // Recorded before the change, so that a kill between the two still restores it.
+            s.tasks.push(SavedTask {
+                tid,
+                tgid,
+                before: before.iter().collect(),
+                set: after.iter().collect(),
+            });
+            persist(s, state_file);
+            match set_affinity(tid, &after) {
+                Ok(()) => moved += 1,
+                Err(e) => {
+                    s.tasks.pop();
+                    if e.raw_os_error() == Some(libc::ESRCH) {
+                        continue;
+                    }
+                    let why = if task_flags(tgid) & PF_NO_SETAFFINITY != 0 {
+                        "kernel thread that takes no affinity from userspace"
+                    } else {
+                        "refused"
+                    };
+                    report
+                        .tasks_stayed
+                        .push(format!("{tid} {}: {why} ({e})", comm(tgid, tid)));
+                }
+            }
+        }
+        if moved == moved_before {
+            break;
         }
     }
     persist(s, state_file);

@@ -119,6 +119,7 @@ impl Row {
                     overflow: None,
                     max_us: t.max.value(),
                     seconds: Some(t.duration),
+                    bucket_us: None,
                 };
                 view.row(name, &doc.body.qpw)
             })
@@ -155,6 +156,8 @@ struct ThreadView {
     max_us: f64,
     /// How long the thread measured, when the file tells.
     seconds: Option<f64>,
+    /// The width of the file's buckets in us, when its keys are buckets' upper edges (oslat).
+    bucket_us: Option<f64>,
 }
 
 impl ThreadView {
@@ -281,6 +284,7 @@ impl ThreadView {
             points: self.points.clone(),
             overflow: self.overflow,
             max_us: Some(self.max_us),
+            bucket_us: self.bucket_us,
         }
     }
 }
@@ -532,6 +536,13 @@ fn views(path: &Path, loaded: &Loaded) -> Result<Vec<ThreadView>> {
     match loaded {
         Loaded::Summary => {}
         Loaded::Oslat(doc) => {
+            // oslat's buckets are 1 us; ours say their width.
+            let width_us = doc
+                .body
+                .qpw
+                .settings
+                .as_ref()
+                .map_or(1.0, |s| s.bucket_width_ns as f64 / 1000.0);
             for (i, t) in doc.body.thread.0.iter().enumerate() {
                 let mut points = t.histogram.points().map_err(|e| bad(i, e))?;
                 let max = t.max.value();
@@ -557,6 +568,7 @@ fn views(path: &Path, loaded: &Loaded) -> Result<Vec<ThreadView>> {
                     overflow,
                     max_us: max,
                     seconds: Some(t.duration),
+                    bucket_us: Some(width_us),
                 });
             }
         }
@@ -593,6 +605,8 @@ fn views(path: &Path, loaded: &Loaded) -> Result<Vec<ThreadView>> {
                     overflow,
                     max_us: t.max as f64,
                     seconds: Some(t.cycles as f64 * interval as f64 / 1e6),
+                    // Whole-microsecond latencies as cyclictest records them: exact values.
+                    bucket_us: None,
                 });
             }
         }
@@ -647,7 +661,13 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
     for (stem, q, vs) in &files {
         let label = series_label(stem, q);
         for v in vs {
-            let mut row = v.row(stem, q);
+            // A file of several CPUs: one row each, named apart.
+            let name = if vs.len() > 1 {
+                format!("{stem} cpu{}", v.cpu)
+            } else {
+                stem.clone()
+            };
+            let mut row = v.row(&name, q);
             let t = threshold(v.tool);
             v.count_above(&mut row, t);
             if row.from_threshold && !thresholds_used.contains(&(v.tool, t.to_bits())) {

@@ -39,6 +39,11 @@ pub struct Series {
     pub overflow: Option<Overflow>,
     /// The largest sample, when known (else the last point).
     pub max_us: Option<f64>,
+    /// When the points are buckets' upper edges (oslat's files): the buckets' width in us.
+    /// The histogram spreads each bucket's count over the log bins it covers, instead of
+    /// putting it all in the bin of its upper edge (whole-microsecond buckets on bins a tenth
+    /// of a decade wide left every other bin empty: a comb).
+    pub bucket_us: Option<f64>,
 }
 
 impl Series {
@@ -303,6 +308,7 @@ pub fn ccdf(title: &str, series: &[Series]) -> String {
     );
     let floor = 10f64.powf(frame.y.lo);
     let mut notes = Vec::new();
+    let mut labels: Vec<(f64, f64)> = Vec::new();
     for (i, s) in series.iter().enumerate() {
         let total = s.total();
         if total == 0 {
@@ -340,7 +346,16 @@ pub fn ccdf(title: &str, series: &[Series]) -> String {
         if let Some(m) = max {
             let tip = frame.px(m, 1.0 / total as f64);
             svg.triangle(tip, c);
-            svg.text((tip.0, tip.1 - 12.0), "middle", 10, c, &label_of_value(m));
+            // Nearby maxima's labels go one above the other instead of over each other.
+            let mut y = tip.1 - 12.0;
+            while labels
+                .iter()
+                .any(|&(lx, ly)| (lx - tip.0).abs() < 44.0 && (ly - y).abs() < 11.0)
+            {
+                y -= 11.0;
+            }
+            labels.push((tip.0, y));
+            svg.text((tip.0, y), "middle", 10, c, &label_of_value(m));
         }
     }
     notes.push(("triangle: the largest sample".to_string(), "#444"));
@@ -372,17 +387,32 @@ pub fn histogram(title: &str, series: &[Series]) -> String {
             .min(n_bins - 1)
     };
     let edge = |b: usize| 10f64.powf(xa.lo + b as f64 / BINS_PER_DECADE);
-    let binned: Vec<Vec<u64>> = series
+    let binned: Vec<Vec<f64>> = series
         .iter()
         .map(|s| {
-            let mut bins = vec![0u64; n_bins];
+            let mut bins = vec![0f64; n_bins];
             for &(x, n) in &s.points {
-                bins[bin_of(x)] += n;
+                match s.bucket_us.filter(|w| *w > 0.0 && x > *w) {
+                    // Spread over the bins [x - w, x) covers, by the share of it each covers.
+                    Some(w) => {
+                        let (lo, hi) = (x - w, x);
+                        for (b, bin) in bins
+                            .iter_mut()
+                            .enumerate()
+                            .take(bin_of(hi * (1.0 - 1e-12)) + 1)
+                            .skip(bin_of(lo))
+                        {
+                            let share = (hi.min(edge(b + 1)) - lo.max(edge(b))).max(0.0) / w;
+                            *bin += n as f64 * share;
+                        }
+                    }
+                    None => bins[bin_of(x)] += n as f64,
+                }
             }
             bins
         })
         .collect();
-    let top = binned.iter().flatten().copied().max().unwrap_or(1).max(1);
+    let top = binned.iter().flatten().copied().fold(1.0, f64::max).ceil() as u64;
     // From half a count, so that a bin of one sits clearly above the axis.
     let frame = Frame {
         x: xa,
@@ -407,13 +437,13 @@ pub fn histogram(title: &str, series: &[Series]) -> String {
         // Runs of non-empty bins, each drawn as one step outline from and to the baseline.
         let mut b = 0;
         while b < n_bins {
-            if bins[b] == 0 {
+            if bins[b] <= 0.0 {
                 b += 1;
                 continue;
             }
             let mut pts = vec![frame.px(edge(b), base)];
-            while b < n_bins && bins[b] > 0 {
-                let y = bins[b] as f64;
+            while b < n_bins && bins[b] > 0.0 {
+                let y = bins[b].max(base);
                 pts.push(frame.px(edge(b), y));
                 pts.push(frame.px(edge(b + 1), y));
                 b += 1;
@@ -422,10 +452,14 @@ pub fn histogram(title: &str, series: &[Series]) -> String {
             svg.polyline(&pts, c);
         }
         if let Some(o) = s.overflow.filter(|o| o.count > 0) {
-            let from = frame.px(o.from_us, o.count as f64);
-            let to = frame.px(s.max().unwrap_or(o.from_us).max(o.from_us), o.count as f64);
+            // Only their count and range are known: one dot for the count where they start,
+            // the range dashed along the baseline. (A line at the count's height across the
+            // range read as that count in every bin it crossed.)
+            let at = frame.px(o.from_us, o.count as f64);
+            let from = frame.px(o.from_us, base);
+            let to = frame.px(s.max().unwrap_or(o.from_us).max(o.from_us), base);
             svg.dashed(from, to, c);
-            svg.dot(from, c);
+            svg.dot(at, c);
             notes.push((
                 format!("dashed: {} samples >= {}", o.count, label_of(o.from_us)),
                 c,
@@ -456,6 +490,7 @@ mod tests {
                     count: 2,
                 }),
                 max_us: Some(22_000.0),
+                bucket_us: None,
             },
         ]
     }
@@ -483,6 +518,74 @@ mod tests {
         let s = vec![Series::exact("a", vec![(1.0, 5), (1000.0, 1)])];
         let doc = histogram("x", &s);
         assert_eq!(doc.matches("<polyline").count(), 2);
+    }
+
+    /// Issue 25's plots: whole-microsecond buckets make no comb, the overflow is a dot and
+    /// a baseline range, and two maxima close together get labels apart.
+    #[test]
+    fn buckets_spread_overflow_at_the_baseline_and_labels_apart() {
+        // oslat's 1 us buckets from 1 to 40 us, each with samples: one run of bins, no gaps.
+        let points: Vec<(f64, u64)> = (1..=40).map(|k| (k as f64, 100)).collect();
+        let mut s = Series::exact("oslat cpu1", points.clone());
+        s.bucket_us = Some(1.0);
+        assert_eq!(
+            histogram("x", std::slice::from_ref(&s))
+                .matches("<polyline")
+                .count(),
+            1
+        );
+        s.bucket_us = None;
+        assert!(
+            histogram("x", std::slice::from_ref(&s))
+                .matches("<polyline")
+                .count()
+                > 1,
+            "without the width the comb is there: the test would not see a regression"
+        );
+        // The overflow's dashed range lies on the baseline (y1 == y2, the lowest y drawn).
+        let doc = histogram("x", &two());
+        let dashed = doc
+            .lines()
+            .find(|l| l.contains("stroke-dasharray"))
+            .unwrap();
+        let attr = |name: &str| -> f64 {
+            let at = dashed.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+            dashed[at..].split('"').next().unwrap().parse().unwrap()
+        };
+        assert_eq!(attr("y1"), attr("y2"), "{dashed}");
+        let base = frame_base_y(&doc);
+        assert!(
+            (attr("y1") - base).abs() < 0.2,
+            "{dashed} vs baseline {base}"
+        );
+        // Two series whose maxima are 1 % apart: their labels do not overlap.
+        let a = Series::exact("a", vec![(1.0, 10), (1000.0, 1)]);
+        let b = Series::exact("b", vec![(1.0, 10), (1010.0, 1)]);
+        let doc = ccdf("x", &[a, b]);
+        let ys: Vec<f64> = doc
+            .lines()
+            .filter(|l| l.contains("font-size=\"10\"") && l.contains(">1.0"))
+            .map(|l| {
+                let at = l.find(" y=\"").unwrap() + 4;
+                l[at..].split('"').next().unwrap().parse().unwrap()
+            })
+            .collect();
+        assert_eq!(ys.len(), 2, "{doc}");
+        assert!((ys[0] - ys[1]).abs() >= 11.0, "labels overlap: {ys:?}");
+    }
+
+    /// The y of the histogram's baseline: the first point of its first step outline.
+    fn frame_base_y(doc: &str) -> f64 {
+        let l = doc.lines().find(|l| l.contains("<polyline")).unwrap();
+        let pts = l.split("points=\"").nth(1).unwrap();
+        pts.split(' ')
+            .next()
+            .unwrap()
+            .split(',')
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap()
     }
 
     #[test]

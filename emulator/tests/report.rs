@@ -53,7 +53,9 @@ fn smoke_real_files_table_footnotes_and_plots() {
     assert!(overflow_row.contains(">=20"), "{overflow_row}");
     // Samples per second for every real file (cyclictest's from its recorded -i).
     for r in &rows[1..] {
-        let per_s = r.split_whitespace().nth(7).unwrap();
+        // Counted from the bar: a file of several CPUs names its rows `<file> cpu<N>`.
+        let left: Vec<&str> = r[..r.find(" | ").unwrap()].split_whitespace().collect();
+        let per_s = left[left.len() - 4];
         assert_ne!(per_s, "-", "{r}");
     }
     assert!(
@@ -159,4 +161,39 @@ fn threshold_is_checked_and_applied() {
         text.contains("samples above 100 us (--threshold)"),
         "{text}"
     );
+}
+
+/// A file of two CPUs gives two rows, named apart (they had the same label; issue 25).
+#[test]
+fn two_cpus_of_one_file_get_rows_of_their_own() {
+    let allowed = qpw_core::allowed_cpus().unwrap();
+    if allowed.len() < 2 {
+        eprintln!("one CPU: no two-CPU file to make");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("two.json");
+    let cpus = format!("{},{}", allowed.first().unwrap(), allowed.last().unwrap());
+    let made = Command::cargo_bin("qpw-emu")
+        .unwrap()
+        .args(["oslat", "-c", &cpus, "-D", "100ms", "-q", "--json"])
+        .arg(&file)
+        .timeout(std::time::Duration::from_secs(30))
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let out = ok_stdout(&[file], dir.path());
+    for cpu in [allowed.first().unwrap(), allowed.last().unwrap()] {
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.starts_with(&format!("two cpu{cpu} ")))
+                .count(),
+            1,
+            "{out}"
+        );
+    }
 }
