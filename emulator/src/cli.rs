@@ -300,6 +300,10 @@ pub struct OslatArgs {
     /// The drain load (ours); `-w/--workload` also takes oslat's own busy-loop workloads.
     #[command(flatten, next_help_heading = OURS)]
     pub drain: DrainArgs,
+    /// Words that are not options: oslat 2.4 ignores them (scripts pass some), and so do we,
+    /// saying so on stderr.
+    #[arg(hide = true, num_args = 0.., value_name = "IGNORED")]
+    pub stray: Vec<String>,
 }
 
 /// `qpw-emu cyclictest`: every flag of rt-tests 2.4's `cyclictest --help`, with its defaults
@@ -444,6 +448,10 @@ pub struct CyclictestArgs {
     /// The drain load (ours).
     #[command(flatten)]
     pub drain: DrainArgs,
+    /// Words that are not options: cyclictest 2.4 ignores them, and so do we, saying so on
+    /// stderr.
+    #[arg(hide = true, num_args = 0.., value_name = "IGNORED")]
+    pub stray: Vec<String>,
 }
 
 /// A cyclictest run length: a duration, or until Ctrl-C (`-D 0`).
@@ -590,6 +598,41 @@ pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
             Some(1)
         }
         _ => None,
+    }
+}
+
+/// What cyclictest 2.4 does with an unknown long option: getopt's `cyclictest: unrecognized
+/// option '--x'` on stderr, the usage on stdout, and exit status 0 (it treats it as `--help`).
+/// `None` for every other refusal (clap's message stands).
+pub fn cyclictest_refusal(e: &clap::Error) -> Option<i32> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory;
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    if !arg.starts_with("--") {
+        return None;
+    }
+    eprintln!("cyclictest: unrecognized option '{arg}'");
+    let mut cmd = Cli::command();
+    let help = cmd
+        .find_subcommand_mut("cyclictest")
+        .map(|c| c.render_help().to_string())
+        .unwrap_or_default();
+    print!("{help}");
+    Some(0)
+}
+
+/// Says on stderr that a drop-in ignored words that are not options, as the real tool does.
+pub fn note_stray(tool: &str, words: &[String]) {
+    if !words.is_empty() {
+        eprintln!(
+            "qpw-emu {tool}: ignoring `{}`: not options ({tool} 2.4 ignores such words too)",
+            words.join(" ")
+        );
     }
 }
 

@@ -27,15 +27,17 @@ fn main() {
         }
     }
     let args = qpw_emulator::cli::args_for_invocation(std::env::args_os());
-    let oslat = args.get(1).is_some_and(|a| a == "oslat");
+    let tool = args.get(1).and_then(|a| a.to_str()).map(str::to_string);
     let cli = match qpw_emulator::cli::Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
-            // The oslat drop-in refuses as oslat does, where oslat has a shape for it.
-            if let Some(code) = oslat
-                .then(|| qpw_emulator::cli::oslat_refusal(&e))
-                .flatten()
-            {
+            // The drop-ins refuse as the real tools do, where those have a shape for it.
+            let code = match tool.as_deref() {
+                Some("oslat") => qpw_emulator::cli::oslat_refusal(&e),
+                Some("cyclictest") => qpw_emulator::cli::cyclictest_refusal(&e),
+                _ => None,
+            };
+            if let Some(code) = code {
                 std::process::exit(code);
             }
             e.exit()

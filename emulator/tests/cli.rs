@@ -243,6 +243,30 @@ fn oslat_refuses_as_oslat_does() {
     );
 }
 
+/// Quirks scripts rely on, as rt-tests 2.4 has them (issue 25 class 4): words that are not
+/// options are ignored by both tools (ours say so on stderr); an unknown long option makes
+/// cyclictest print its usage and exit 0.
+#[test]
+fn stray_words_and_unknown_long_options_as_rt_tests_take_them() {
+    for line in [
+        "oslat -c 0 -D 100ms -q extra words",
+        "cyclictest -l 5 -q extra",
+    ] {
+        let out = emu().args(line.split(' ')).output().unwrap();
+        let se = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{line}: {se}");
+        assert!(se.contains("ignoring `extra"), "{line}: {se}");
+    }
+    let out = emu().args(["cyclictest", "--bogus"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let se = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        se.contains("cyclictest: unrecognized option '--bogus'"),
+        "{se}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Usage:"));
+}
+
 #[test]
 fn bad_oslat_values_name_the_flag_and_range() {
     rejects_all(&[

@@ -56,6 +56,7 @@ fn numa_node(cpu: usize) -> i64 {
 }
 
 pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
+    crate::cli::note_stray("cyclictest", &args.stray);
     if args.smi {
         bail!(
             "--smi: not supported: cyclictest counts SMIs by reading MSR 0x34 through \

@@ -31,6 +31,7 @@ const WORKLOAD_MEM: u64 = 16 << 10;
 const LOOP_WORKLOADS: [&str; 2] = ["no", "memmove"];
 
 pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
+    crate::cli::note_stray("oslat", &args.stray);
     if args.version {
         println!("oslat V {RT_TESTS_VERSION}");
         eprintln!("# qpw-emu {}", env!("CARGO_PKG_VERSION"));
