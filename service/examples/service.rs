@@ -166,8 +166,9 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let r = qpw_service::load(&targets, rate, duration("--duration", &d)?, None)?;
             println!(
-                "sent {} received {}; round trip us: p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}",
-                r.sent, r.received, r.p50_us, r.p99_us, r.p999_us, r.max_us
+                "sent {} replied {} (duplicate replies {}, stray datagrams {}); round trip us: \
+                 p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}",
+                r.sent, r.received, r.duplicates, r.stray, r.p50_us, r.p99_us, r.p999_us, r.max_us
             );
             Ok(())
         }
@@ -218,10 +219,9 @@ fn compare(
                 results.len() + 1,
                 r.load.p99_us,
                 r.service.scrapes,
-                if r.nothing_lost {
-                    "nothing lost"
-                } else {
-                    "LOST"
+                match r.mismatch() {
+                    None => "nothing lost".to_string(),
+                    Some(m) => format!("MISMATCH: {m}"),
                 }
             );
             results.push(r);
@@ -234,7 +234,7 @@ fn compare(
         }
     }
     println!(
-        "\n{:<7} {:>7} | {:>8} {:>8} {:>8} {:>9} | {:>7} {:>7} | {:>9} {:>9} | {:>8} {:>8} {:>5}",
+        "\n{:<7} {:>7} | {:>8} {:>8} {:>8} {:>9} | {:>7} {:>7} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
         "mode",
         "scrape/s",
         "req p50",
@@ -245,14 +245,16 @@ fn compare(
         "inv/scr",
         "scrape50",
         "scrape99",
+        "sent",
         "served",
-        "scraped",
+        "scrapd",
+        "replid",
         "ok"
     );
     for r in &results {
         let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         println!(
-            "{:<7} {:>7} | {:>8.1} {:>8.1} {:>8.1} {:>9.1} | {:>7.2} {:>7.2} | {:>9} {:>9} | {:>8} {:>8} {:>5}",
+            "{:<7} {:>7} | {:>8.1} {:>8.1} {:>8.1} {:>9.1} | {:>7.2} {:>7.2} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
             r.mode,
             r.scrape_rate,
             r.load.p50_us,
@@ -263,16 +265,21 @@ fn compare(
             r.involuntary_per_scrape,
             opt(r.service.scrape_p50_us),
             opt(r.service.scrape_p99_us),
+            r.load.sent,
             r.service.served,
             r.service.scraped,
-            if r.nothing_lost { "yes" } else { "NO" }
+            r.load.received,
+            if r.mismatch().is_none() { "yes" } else { "NO" }
         );
     }
     println!(
         "(request round trips in us, from the load generator on the housekeeping CPU; vol/scr and \
          inv/scr: the serving threads' voluntary and involuntary context switches per scrape; \
-         scrape50/99: one scrape's duration in us; ok: the scrapes counted every request served \
-         exactly once)"
+         scrape50/99: one scrape's duration in us; sent, served, scrapd, replid: requests sent, \
+         answered by the servers, counted by the scrapes (every periodic one and a last one at \
+         the end), and answered back to the load generator, each once; ok: scrapd = served = \
+         replid, no reply twice. A request dropped by a full socket before the server shows as \
+         sent > served and is no loss of the library's.)"
     );
     if let Some(path) = &json {
         let text = serde_json::to_string_pretty(&results)?;
@@ -301,19 +308,10 @@ fn compare(
         println!("plot: {}", path.display());
     }
     eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
-    let lost: Vec<String> = results
-        .iter()
-        .filter(|r| !r.nothing_lost)
-        .map(|r| {
-            format!(
-                "{} at {}/s: served {} scraped {}",
-                r.mode, r.scrape_rate, r.service.served, r.service.scraped
-            )
-        })
-        .collect();
+    let lost: Vec<String> = results.iter().filter_map(RunResult::mismatch).collect();
     if !lost.is_empty() {
         bail!(
-            "the scrapes did not count every request once: {}",
+            "the counts disagree (nothing may be lost or counted twice): {}",
             lost.join("; ")
         );
     }
