@@ -225,6 +225,10 @@ fn compare(
                 }
             );
             results.push(r);
+            // Written after each cell, so that a run stopped half-way keeps what it measured.
+            if let Some(path) = &json {
+                write_json(path, &results)?;
+            }
         }
     }
     if let Some(first) = results.first() {
@@ -282,8 +286,6 @@ fn compare(
          sent > served and is no loss of the library's.)"
     );
     if let Some(path) = &json {
-        let text = serde_json::to_string_pretty(&results)?;
-        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
         println!("JSON: {}", path.display());
     }
     if let Some(path) = &plot_path {
@@ -316,4 +318,10 @@ fn compare(
         );
     }
     Ok(())
+}
+
+/// Writes every cell measured so far as a JSON array.
+fn write_json(path: &std::path::Path, results: &[RunResult]) -> Result<()> {
+    let text = serde_json::to_string_pretty(results)?;
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }
