@@ -238,13 +238,15 @@ fn compare(
         }
     }
     println!(
-        "\n{:<7} {:>7} | {:>8} {:>8} {:>8} {:>9} | {:>7} {:>7} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
+        "\n{:<7} {:>7} | {:>8} {:>8} {:>8} {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
         "mode",
         "scrape/s",
         "req p50",
         "p99",
         "p99.9",
         "max",
+        "srv p99",
+        "srv max",
         "vol/scr",
         "inv/scr",
         "scrape50",
@@ -258,13 +260,15 @@ fn compare(
     for r in &results {
         let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         println!(
-            "{:<7} {:>7} | {:>8.1} {:>8.1} {:>8.1} {:>9.1} | {:>7.2} {:>7.2} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
+            "{:<7} {:>7} | {:>8.1} {:>8.1} {:>8.1} {:>9.1} | {:>8} {:>8} | {:>7.2} {:>7.2} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
             r.mode,
             r.scrape_rate,
             r.load.p50_us,
             r.load.p99_us,
             r.load.p999_us,
             r.load.max_us,
+            opt(r.service.at_server.map(|p| p.p99_us)),
+            opt(r.service.at_server.map(|p| p.max_us)),
             r.voluntary_per_scrape,
             r.involuntary_per_scrape,
             opt(r.service.scrape_p50_us),
@@ -277,7 +281,9 @@ fn compare(
         );
     }
     println!(
-        "(request round trips in us, from the load generator on the housekeeping CPU; vol/scr and \
+        "(request round trips in us, from the load generator on the housekeeping CPU; srv p99/max: \
+         from the request's send to its reply, timed by the serving thread (no load-generator \
+         receive side); vol/scr and \
          inv/scr: the serving threads' voluntary and involuntary context switches per scrape; \
          scrape50/99: one scrape's duration in us; sent, served, scrapd, replid: requests sent, \
          answered by the servers, counted by the scrapes (every periodic one and a last one at \

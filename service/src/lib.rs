@@ -37,9 +37,21 @@ use serde::Serialize;
 
 pub mod plot;
 
-/// A request: a sequence number and the client's send time, in nanoseconds since the load
-/// generator started. The server echoes it.
+/// A request: a sequence number and the client's send time ([`now_ns`]). The server echoes it.
 const REQUEST_BYTES: usize = 16;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every thread of the process, so that a
+/// serving thread can tell how long ago the load generator sent the request it just read.
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable `timespec` for the duration of the call, and
+    // CLOCK_MONOTONIC exists on every Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// Histograms of nanoseconds, 1 ns to 10 s, three significant digits.
 fn histogram() -> Histogram<u64> {
@@ -206,7 +218,7 @@ struct Server {
     cpu: usize,
     addr: SocketAddr,
     tid: Arc<AtomicI32>,
-    handle: JoinHandle<Result<u64>>,
+    handle: JoinHandle<Result<(u64, Histogram<u64>)>>,
 }
 
 /// What a service run is asked to do.
@@ -464,11 +476,15 @@ impl Service {
             let _ = s.join();
         }
         let mut served = 0;
+        let mut at_server = histogram();
         for s in std::mem::take(&mut self.servers) {
-            served += s
+            let (n, hist) = s
                 .handle
                 .join()
                 .map_err(|_| anyhow!("serving thread on cpu {} panicked", s.cpu))??;
+            served += n;
+            // Same bounds on both sides: the merge cannot fail.
+            let _ = at_server.add(&hist);
         }
         // The last scrape takes what came in since the one before.
         (self.scrape_once)()?;
@@ -483,6 +499,7 @@ impl Service {
             scrapes: m.scrapes.get(),
             scrape_p50_us: (!times.is_empty()).then(|| times.value_at_quantile(0.5) as f64 / 1e3),
             scrape_p99_us: (!times.is_empty()).then(|| times.value_at_quantile(0.99) as f64 / 1e3),
+            at_server: (!at_server.is_empty()).then(|| Percentiles::of(&at_server)),
             shared_cpu: self.shared_cpu,
         })
     }
@@ -501,8 +518,39 @@ pub struct ServiceReport {
     pub scrape_p50_us: Option<f64>,
     /// See `scrape_p50_us`.
     pub scrape_p99_us: Option<f64>,
+    /// Request latency as the serving threads saw it: from the load generator's send to the
+    /// reply sent, on one monotonic clock. Unlike the round trip it leaves out the load
+    /// generator's receive side, which shares the housekeeping CPU with the scraper; it keeps
+    /// the time a request waited in the socket while its serving thread was preempted.
+    /// Instrumentation kept by each serving thread, not part of the scraped state.
+    pub at_server: Option<Percentiles>,
     /// Whether one CPU served and scraped (no housekeeping CPU apart).
     pub shared_cpu: bool,
+}
+
+/// A latency distribution's median, 99th and 99.9th percentile and maximum, in microseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// Longest.
+    pub max_us: f64,
+}
+
+impl Percentiles {
+    fn of(hist: &Histogram<u64>) -> Self {
+        let us = |v: u64| v as f64 / 1e3;
+        Self {
+            p50_us: us(hist.value_at_quantile(0.5)),
+            p99_us: us(hist.value_at_quantile(0.99)),
+            p999_us: us(hist.value_at_quantile(0.999)),
+            max_us: us(hist.max()),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -510,7 +558,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A serving thread: bound to `cpu`, answers each request with its echo, keeping its CPU's
-/// count, service time and reply buffers in the per-CPU state. Returns how many it served.
+/// count, service time and reply buffers in the per-CPU state. Returns how many it served,
+/// and each request's latency at the server (send to reply, [`ServiceReport::at_server`]).
 fn serve(
     qpw: &Qpw,
     cpu: usize,
@@ -518,7 +567,7 @@ fn serve(
     state: &PerCpu<CpuState>,
     stop: &AtomicBool,
     tid: &AtomicI32,
-) -> Result<u64> {
+) -> Result<(u64, Histogram<u64>)> {
     let _bound = qpw
         .bind_current(cpu)
         .with_context(|| format!("cannot bind the server to cpu {cpu}"))?;
@@ -526,6 +575,7 @@ fn serve(
     tid.store(unsafe { libc::gettid() }, Ordering::Release);
     let mut rx = [0u8; 64];
     let mut served = 0;
+    let mut at_server = histogram();
     while !stop.load(Ordering::Acquire) {
         let (n, from) = match sock.recv_from(&mut rx) {
             Ok(got) => got,
@@ -554,8 +604,13 @@ fn serve(
         s.free.push(reply);
         drop(s);
         served += 1;
+        // The send time comes from the network: a datagram that is not a request has none,
+        // and a time in the future counts as no wait.
+        if let Some((_, sent_at)) = parse_request(&rx[..n]) {
+            at_server.saturating_record(now_ns().saturating_sub(sent_at).max(1));
+        }
     }
-    Ok(served)
+    Ok((served, at_server))
 }
 
 /// The HTTP endpoint: `GET /metrics` (any path) answers the registry in the Prometheus text
@@ -664,7 +719,6 @@ pub fn load(
     grow_receive_buffer(&sock);
     sock.set_read_timeout(Some(Duration::from_millis(20)))?;
     let rx = sock.try_clone()?;
-    let base = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
     // Sequence numbers handed out so far (set before each send, so that a reply can never
     // come back for a number not yet counted), and replies matched so far.
@@ -684,7 +738,7 @@ pub fn load(
                 let mut buf = [0u8; 64];
                 while !done.load(Ordering::Acquire) {
                     let Ok(n) = rx.recv(&mut buf) else { continue };
-                    let now = base.elapsed().as_nanos() as u64;
+                    let now = now_ns();
                     // Is it a reply to a request of ours? The bytes come from the network:
                     // check the length and the sequence number before using them.
                     let Some((seq, sent_at)) = parse_request(&buf[..n]) else {
@@ -723,7 +777,7 @@ pub fn load(
             std::thread::sleep(next - now);
         }
         req[..8].copy_from_slice(&seq.to_le_bytes());
-        req[8..].copy_from_slice(&(base.elapsed().as_nanos() as u64).to_le_bytes());
+        req[8..].copy_from_slice(&now_ns().to_le_bytes());
         let target = targets[(seq % targets.len() as u64) as usize];
         issued.store(seq + 1, Ordering::Release);
         if sock.send_to(&req, target).is_ok() {

@@ -33,6 +33,10 @@ fn nothing_lost_or_doubled_in_any_mode() {
             // may miss a reply, which is the socket's loss, not the library's. The compare
             // command asserts it.)
             assert_eq!(r.load.duplicates, 0, "{mode} {scrape:?}: {r:?}");
+            assert!(
+                r.service.at_server.is_some(),
+                "{mode}: served requests but timed none at the server: {r:?}"
+            );
             assert!(r.load.received <= r.service.served, "{r:?}");
         }
     }
