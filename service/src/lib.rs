@@ -674,9 +674,12 @@ pub struct LoadReport {
     pub max_us: f64,
 }
 
-/// How long the load generator waits, after its last request, for a reply that makes no
-/// progress: a reply later than this is counted as missing.
-const STRAGGLERS: Duration = Duration::from_millis(500);
+/// How long the load generator waits, after its last request, for the next reply while some
+/// are missing: a reply later than this is counted as missing. Long enough for a serving
+/// thread starved by the machine (a `SCHED_FIFO` thread of another program on its CPU holds
+/// it up to `sched_rt_runtime_us`, 0.95 s by default) to answer what its socket holds; a run
+/// whose every request got its reply does not wait at all.
+const STRAGGLERS: Duration = Duration::from_secs(2);
 
 /// Asks for a receive buffer of 4 MiB (the kernel caps it at `net.core.rmem_max`), so that a
 /// socket whose reader is preempted for a while queues its datagrams rather than dropping them:
