@@ -166,8 +166,9 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let r = qpw_service::load(&targets, rate, duration("--duration", &d)?, None)?;
             println!(
-                "sent {} received {}; round trip us: p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}",
-                r.sent, r.received, r.p50_us, r.p99_us, r.p999_us, r.max_us
+                "sent {} replied {} (duplicate replies {}, stray datagrams {}); round trip us: \
+                 p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1}",
+                r.sent, r.received, r.duplicates, r.stray, r.p50_us, r.p99_us, r.p999_us, r.max_us
             );
             Ok(())
         }
@@ -218,13 +219,16 @@ fn compare(
                 results.len() + 1,
                 r.load.p99_us,
                 r.service.scrapes,
-                if r.nothing_lost {
-                    "nothing lost"
-                } else {
-                    "LOST"
+                match r.mismatch() {
+                    None => "nothing lost".to_string(),
+                    Some(m) => format!("MISMATCH: {m}"),
                 }
             );
             results.push(r);
+            // Written after each cell, so that a run stopped half-way keeps what it measured.
+            if let Some(path) = &json {
+                write_json(path, &results)?;
+            }
         }
     }
     if let Some(first) = results.first() {
@@ -234,49 +238,60 @@ fn compare(
         }
     }
     println!(
-        "\n{:<7} {:>7} | {:>8} {:>8} {:>8} {:>9} | {:>7} {:>7} | {:>9} {:>9} | {:>8} {:>8} {:>5}",
+        "\n{:<7} {:>7} | {:>8} {:>8} {:>8} {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
         "mode",
         "scrape/s",
         "req p50",
         "p99",
         "p99.9",
         "max",
+        "srv p99",
+        "srv max",
         "vol/scr",
         "inv/scr",
         "scrape50",
         "scrape99",
+        "sent",
         "served",
-        "scraped",
+        "scrapd",
+        "replid",
         "ok"
     );
     for r in &results {
         let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         println!(
-            "{:<7} {:>7} | {:>8.1} {:>8.1} {:>8.1} {:>9.1} | {:>7.2} {:>7.2} | {:>9} {:>9} | {:>8} {:>8} {:>5}",
+            "{:<7} {:>7} | {:>8.1} {:>8.1} {:>8.1} {:>9.1} | {:>8} {:>8} | {:>7.2} {:>7.2} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
             r.mode,
             r.scrape_rate,
             r.load.p50_us,
             r.load.p99_us,
             r.load.p999_us,
             r.load.max_us,
+            opt(r.service.at_server.map(|p| p.p99_us)),
+            opt(r.service.at_server.map(|p| p.max_us)),
             r.voluntary_per_scrape,
             r.involuntary_per_scrape,
             opt(r.service.scrape_p50_us),
             opt(r.service.scrape_p99_us),
+            r.load.sent,
             r.service.served,
             r.service.scraped,
-            if r.nothing_lost { "yes" } else { "NO" }
+            r.load.received,
+            if r.mismatch().is_none() { "yes" } else { "NO" }
         );
     }
     println!(
-        "(request round trips in us, from the load generator on the housekeeping CPU; vol/scr and \
+        "(request round trips in us, from the load generator on the housekeeping CPU; srv p99/max: \
+         from the request's send to its reply, timed by the serving thread (no load-generator \
+         receive side); vol/scr and \
          inv/scr: the serving threads' voluntary and involuntary context switches per scrape; \
-         scrape50/99: one scrape's duration in us; ok: the scrapes counted every request served \
-         exactly once)"
+         scrape50/99: one scrape's duration in us; sent, served, scrapd, replid: requests sent, \
+         answered by the servers, counted by the scrapes (every periodic one and a last one at \
+         the end), and answered back to the load generator, each once; ok: scrapd = served = \
+         replid, no reply twice. A request dropped by a full socket before the server shows as \
+         sent > served and is no loss of the library's.)"
     );
     if let Some(path) = &json {
-        let text = serde_json::to_string_pretty(&results)?;
-        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
         println!("JSON: {}", path.display());
     }
     if let Some(path) = &plot_path {
@@ -301,21 +316,18 @@ fn compare(
         println!("plot: {}", path.display());
     }
     eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
-    let lost: Vec<String> = results
-        .iter()
-        .filter(|r| !r.nothing_lost)
-        .map(|r| {
-            format!(
-                "{} at {}/s: served {} scraped {}",
-                r.mode, r.scrape_rate, r.service.served, r.service.scraped
-            )
-        })
-        .collect();
+    let lost: Vec<String> = results.iter().filter_map(RunResult::mismatch).collect();
     if !lost.is_empty() {
         bail!(
-            "the scrapes did not count every request once: {}",
+            "the counts disagree (nothing may be lost or counted twice): {}",
             lost.join("; ")
         );
     }
     Ok(())
+}
+
+/// Writes every cell measured so far as a JSON array.
+fn write_json(path: &std::path::Path, results: &[RunResult]) -> Result<()> {
+    let text = serde_json::to_string_pretty(results)?;
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
 }

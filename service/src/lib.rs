@@ -14,7 +14,9 @@
 //!
 //! The serving CPUs are every allowed CPU but the first (the housekeeping CPU, which runs the
 //! metrics thread, the HTTP endpoint and the load generator); the last one stands for the
-//! isolated CPU. On one CPU everything shares it, and the run says so.
+//! isolated CPU, declared so with [`qpw_core::Builder::isolated`]: the default policy
+//! ([`Policy::Auto`]) runs it in remote mode and the housekeeping CPU in queue mode. On one CPU
+//! everything shares it, and the run says so.
 
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, UdpSocket};
@@ -35,9 +37,21 @@ use serde::Serialize;
 
 pub mod plot;
 
-/// A request: a sequence number and the client's send time, in nanoseconds since the load
-/// generator started. The server echoes it.
+/// A request: a sequence number and the client's send time ([`now_ns`]). The server echoes it.
 const REQUEST_BYTES: usize = 16;
+
+/// `CLOCK_MONOTONIC` in nanoseconds: one clock for every thread of the process, so that a
+/// serving thread can tell how long ago the load generator sent the request it just read.
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable `timespec` for the duration of the call, and
+    // CLOCK_MONOTONIC exists on every Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
 
 /// Histograms of nanoseconds, 1 ns to 10 s, three significant digits.
 fn histogram() -> Histogram<u64> {
@@ -204,7 +218,7 @@ struct Server {
     cpu: usize,
     addr: SocketAddr,
     tid: Arc<AtomicI32>,
-    handle: JoinHandle<Result<u64>>,
+    handle: JoinHandle<Result<(u64, Histogram<u64>)>>,
 }
 
 /// What a service run is asked to do.
@@ -270,7 +284,16 @@ impl Service {
                 cfg.scrape_rate
             );
         }
-        let qpw = Qpw::with_policy(cfg.policy.clone()).context("cannot build the instance")?;
+        // The last allowed CPU stands for the isolated one: declared so, `Policy::Auto` (the
+        // default) runs it in remote mode and the housekeeping CPU in queue mode, as it would
+        // on a machine booted with that CPU isolated. The explicit policies ignore it. On one
+        // CPU there is nothing apart to isolate.
+        let allowed = qpw_core::allowed_cpus().context("cannot read the allowed CPUs")?;
+        let mut builder = Qpw::builder().policy(cfg.policy.clone());
+        if let (true, Some(last)) = (allowed.len() > 1, allowed.iter().last()) {
+            builder = builder.isolated(CpuSet::from_iter([last]));
+        }
+        let qpw = builder.build().context("cannot build the instance")?;
         let cpus = qpw.cpus().clone();
         let housekeeping = cpus.first().ok_or_else(|| anyhow!("no CPU allowed"))?;
         let serving: CpuSet = if cpus.len() > 1 {
@@ -287,6 +310,7 @@ impl Service {
         let mut servers = Vec::new();
         for cpu in serving.iter() {
             let sock = UdpSocket::bind("127.0.0.1:0").context("cannot bind a UDP socket")?;
+            grow_receive_buffer(&sock);
             match cfg.poll {
                 Poll::Busy => sock.set_nonblocking(true)?,
                 Poll::Block => sock.set_read_timeout(Some(Duration::from_millis(20)))?,
@@ -422,6 +446,11 @@ impl Service {
         self.servers.iter().map(|s| s.cpu).collect()
     }
 
+    /// The instance the service runs on (its CPUs, their modes).
+    pub fn qpw(&self) -> &Qpw {
+        &self.qpw
+    }
+
     /// How the instance runs each CPU.
     pub fn describe(&self) -> String {
         self.qpw.describe()
@@ -447,11 +476,15 @@ impl Service {
             let _ = s.join();
         }
         let mut served = 0;
+        let mut at_server = histogram();
         for s in std::mem::take(&mut self.servers) {
-            served += s
+            let (n, hist) = s
                 .handle
                 .join()
                 .map_err(|_| anyhow!("serving thread on cpu {} panicked", s.cpu))??;
+            served += n;
+            // Same bounds on both sides: the merge cannot fail.
+            let _ = at_server.add(&hist);
         }
         // The last scrape takes what came in since the one before.
         (self.scrape_once)()?;
@@ -466,6 +499,7 @@ impl Service {
             scrapes: m.scrapes.get(),
             scrape_p50_us: (!times.is_empty()).then(|| times.value_at_quantile(0.5) as f64 / 1e3),
             scrape_p99_us: (!times.is_empty()).then(|| times.value_at_quantile(0.99) as f64 / 1e3),
+            at_server: (!at_server.is_empty()).then(|| Percentiles::of(&at_server)),
             shared_cpu: self.shared_cpu,
         })
     }
@@ -484,8 +518,39 @@ pub struct ServiceReport {
     pub scrape_p50_us: Option<f64>,
     /// See `scrape_p50_us`.
     pub scrape_p99_us: Option<f64>,
+    /// Request latency as the serving threads saw it: from the load generator's send to the
+    /// reply sent, on one monotonic clock. Unlike the round trip it leaves out the load
+    /// generator's receive side, which shares the housekeeping CPU with the scraper; it keeps
+    /// the time a request waited in the socket while its serving thread was preempted.
+    /// Instrumentation kept by each serving thread, not part of the scraped state.
+    pub at_server: Option<Percentiles>,
     /// Whether one CPU served and scraped (no housekeeping CPU apart).
     pub shared_cpu: bool,
+}
+
+/// A latency distribution's median, 99th and 99.9th percentile and maximum, in microseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// Longest.
+    pub max_us: f64,
+}
+
+impl Percentiles {
+    fn of(hist: &Histogram<u64>) -> Self {
+        let us = |v: u64| v as f64 / 1e3;
+        Self {
+            p50_us: us(hist.value_at_quantile(0.5)),
+            p99_us: us(hist.value_at_quantile(0.99)),
+            p999_us: us(hist.value_at_quantile(0.999)),
+            max_us: us(hist.max()),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -493,7 +558,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A serving thread: bound to `cpu`, answers each request with its echo, keeping its CPU's
-/// count, service time and reply buffers in the per-CPU state. Returns how many it served.
+/// count, service time and reply buffers in the per-CPU state. Returns how many it served,
+/// and each request's latency at the server (send to reply, [`ServiceReport::at_server`]).
 fn serve(
     qpw: &Qpw,
     cpu: usize,
@@ -501,7 +567,7 @@ fn serve(
     state: &PerCpu<CpuState>,
     stop: &AtomicBool,
     tid: &AtomicI32,
-) -> Result<u64> {
+) -> Result<(u64, Histogram<u64>)> {
     let _bound = qpw
         .bind_current(cpu)
         .with_context(|| format!("cannot bind the server to cpu {cpu}"))?;
@@ -509,6 +575,7 @@ fn serve(
     tid.store(unsafe { libc::gettid() }, Ordering::Release);
     let mut rx = [0u8; 64];
     let mut served = 0;
+    let mut at_server = histogram();
     while !stop.load(Ordering::Acquire) {
         let (n, from) = match sock.recv_from(&mut rx) {
             Ok(got) => got,
@@ -537,8 +604,13 @@ fn serve(
         s.free.push(reply);
         drop(s);
         served += 1;
+        // The send time comes from the network: a datagram that is not a request has none,
+        // and a time in the future counts as no wait.
+        if let Some((_, sent_at)) = parse_request(&rx[..n]) {
+            at_server.saturating_record(now_ns().saturating_sub(sent_at).max(1));
+        }
     }
-    Ok(served)
+    Ok((served, at_server))
 }
 
 /// The HTTP endpoint: `GET /metrics` (any path) answers the registry in the Prometheus text
@@ -585,8 +657,13 @@ fn serve_http(
 pub struct LoadReport {
     /// Requests sent.
     pub sent: u64,
-    /// Replies received.
+    /// Requests that got a reply, each counted once (by its sequence number).
     pub received: u64,
+    /// Replies to a request that had already had one: a server that answered twice.
+    pub duplicates: u64,
+    /// Datagrams that were not a reply to a request sent (too short, or an unknown sequence
+    /// number): ignored.
+    pub stray: u64,
     /// Round trip, microseconds: median, 99th, 99.9th percentile and longest.
     pub p50_us: f64,
     /// See `p50_us`.
@@ -597,8 +674,38 @@ pub struct LoadReport {
     pub max_us: f64,
 }
 
+/// How long the load generator waits, after its last request, for the next reply while some
+/// are missing: a reply later than this is counted as missing. Long enough for a serving
+/// thread starved by the machine (a `SCHED_FIFO` thread of another program on its CPU holds
+/// it up to `sched_rt_runtime_us`, 0.95 s by default) to answer what its socket holds; a run
+/// whose every request got its reply does not wait at all.
+const STRAGGLERS: Duration = Duration::from_secs(2);
+
+/// Asks for a receive buffer of 4 MiB (the kernel caps it at `net.core.rmem_max`), so that a
+/// socket whose reader is preempted for a while queues its datagrams rather than dropping them:
+/// a late request shows in the round trips instead of vanishing. Best effort: a refusal leaves
+/// the default.
+fn grow_receive_buffer(sock: &UdpSocket) {
+    use std::os::fd::AsRawFd as _;
+    let bytes: libc::c_int = 4 << 20;
+    // SAFETY: (1) the descriptor is the socket's, open for the duration of the call; (2) the
+    // option value points to a `c_int` that lives across the call, and its size is given.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&bytes as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
 /// Sends `rate` requests per second for `duration` to `targets` in turn, from a thread bound
-/// to `cpu` when given, and records each round trip; waits up to 200 ms for the last replies.
+/// to `cpu` when given, and records each round trip. After the last request it waits for the
+/// replies still due, until every request has one or none has come for [`STRAGGLERS`]. Each
+/// reply is matched to its request by sequence number, so a reply counts once however often
+/// it comes.
 pub fn load(
     targets: &[SocketAddr],
     rate: f64,
@@ -612,33 +719,52 @@ pub fn load(
         bail!("request rate {rate}: must be 1 to 1000000 per second");
     }
     let sock = UdpSocket::bind("127.0.0.1:0").context("cannot bind the client's socket")?;
+    grow_receive_buffer(&sock);
     sock.set_read_timeout(Some(Duration::from_millis(20)))?;
     let rx = sock.try_clone()?;
-    let base = Instant::now();
     let done = Arc::new(AtomicBool::new(false));
+    // Sequence numbers handed out so far (set before each send, so that a reply can never
+    // come back for a number not yet counted), and replies matched so far.
+    let issued = Arc::new(AtomicU64::new(0));
+    let matched = Arc::new(AtomicU64::new(0));
     let bind = cpu.map(|(c, q)| (c, q.clone()));
     let receiver = {
-        let (done, bind) = (done.clone(), bind.clone());
+        let (done, bind, issued, matched) =
+            (done.clone(), bind.clone(), issued.clone(), matched.clone());
         std::thread::Builder::new()
             .name("load-rx".into())
             .spawn(move || {
                 let _bound = bind.as_ref().map(|(c, q)| q.bind_current(*c));
                 let mut hist = histogram();
-                let mut received = 0u64;
+                let mut replied: Vec<bool> = Vec::new();
+                let (mut duplicates, mut stray) = (0u64, 0u64);
                 let mut buf = [0u8; 64];
                 while !done.load(Ordering::Acquire) {
                     let Ok(n) = rx.recv(&mut buf) else { continue };
-                    if n < REQUEST_BYTES {
+                    let now = now_ns();
+                    // Is it a reply to a request of ours? The bytes come from the network:
+                    // check the length and the sequence number before using them.
+                    let Some((seq, sent_at)) = parse_request(&buf[..n]) else {
+                        stray += 1;
+                        continue;
+                    };
+                    if seq >= issued.load(Ordering::Acquire) {
+                        stray += 1;
                         continue;
                     }
-                    let mut ts = [0u8; 8];
-                    ts.copy_from_slice(&buf[8..16]);
-                    let sent = u64::from_le_bytes(ts);
-                    let now = base.elapsed().as_nanos() as u64;
-                    let _ = hist.record(now.saturating_sub(sent).max(1));
-                    received += 1;
+                    let idx = seq as usize;
+                    if replied.len() <= idx {
+                        replied.resize(idx + 1, false);
+                    }
+                    // Yes: the first reply to it counts, a second one is a duplicate.
+                    if std::mem::replace(&mut replied[idx], true) {
+                        duplicates += 1;
+                        continue;
+                    }
+                    hist.saturating_record(now.saturating_sub(sent_at).max(1));
+                    matched.fetch_add(1, Ordering::Release);
                 }
-                (received, hist)
+                (hist, duplicates, stray)
             })?
     };
     let _bound = bind.as_ref().map(|(c, q)| q.bind_current(*c));
@@ -646,34 +772,58 @@ pub fn load(
     let mut next = Instant::now();
     let end = next + duration;
     let mut sent = 0u64;
+    let mut seq = 0u64;
     let mut req = [0u8; REQUEST_BYTES];
     while next < end {
         let now = Instant::now();
         if next > now {
             std::thread::sleep(next - now);
         }
-        req[..8].copy_from_slice(&sent.to_le_bytes());
-        req[8..].copy_from_slice(&(base.elapsed().as_nanos() as u64).to_le_bytes());
-        let target = targets[(sent % targets.len() as u64) as usize];
+        req[..8].copy_from_slice(&seq.to_le_bytes());
+        req[8..].copy_from_slice(&now_ns().to_le_bytes());
+        let target = targets[(seq % targets.len() as u64) as usize];
+        issued.store(seq + 1, Ordering::Release);
         if sock.send_to(&req, target).is_ok() {
             sent += 1;
         }
+        seq += 1;
         next += period;
     }
-    std::thread::sleep(Duration::from_millis(200));
+    // Wait for the replies still due, for as long as they keep coming.
+    let (mut last, mut last_change) = (matched.load(Ordering::Acquire), Instant::now());
+    while last < sent && last_change.elapsed() < STRAGGLERS {
+        std::thread::sleep(Duration::from_millis(5));
+        let now = matched.load(Ordering::Acquire);
+        if now != last {
+            (last, last_change) = (now, Instant::now());
+        }
+    }
     done.store(true, Ordering::Release);
-    let (received, hist) = receiver
+    let (hist, duplicates, stray) = receiver
         .join()
         .map_err(|_| anyhow!("the load's receiver panicked"))?;
     let us = |v: u64| v as f64 / 1e3;
     Ok(LoadReport {
         sent,
-        received,
+        received: matched.load(Ordering::Acquire),
+        duplicates,
+        stray,
         p50_us: us(hist.value_at_quantile(0.5)),
         p99_us: us(hist.value_at_quantile(0.99)),
         p999_us: us(hist.value_at_quantile(0.999)),
         max_us: us(hist.max()),
     })
+}
+
+/// A request's (or its echo's) sequence number and send time, if `bytes` has the request's
+/// length.
+fn parse_request(bytes: &[u8]) -> Option<(u64, u64)> {
+    let bytes: &[u8; REQUEST_BYTES] = bytes.try_into().ok()?;
+    let (seq, sent_at) = bytes.split_at(8);
+    Some((
+        u64::from_le_bytes(seq.try_into().ok()?),
+        u64::from_le_bytes(sent_at.try_into().ok()?),
+    ))
 }
 
 /// One cell of a comparison: one mode at one scrape rate.
@@ -702,8 +852,43 @@ pub struct RunResult {
     pub voluntary_per_scrape: f64,
     /// See `voluntary_per_scrape`.
     pub involuntary_per_scrape: f64,
-    /// Whether the scraped counts equal the requests served.
+    /// Whether the scraped counts equal the requests served: the library's part, no count
+    /// lost or taken twice by the scrapes.
     pub nothing_lost: bool,
+    /// Whether every request served got exactly one reply at the load generator (replies
+    /// equal to requests served, no duplicate): the sockets' part. A request dropped before
+    /// the server (its socket full) is neither served nor replied, and shows as `sent` above
+    /// `served`.
+    pub replies_match: bool,
+}
+
+impl RunResult {
+    /// What disagrees, if anything: the scraped counts against the requests served, or the
+    /// replies against them.
+    pub fn mismatch(&self) -> Option<String> {
+        let (l, s) = (&self.load, &self.service);
+        let mut what = Vec::new();
+        if !self.nothing_lost {
+            what.push(format!(
+                "scraped {} requests but served {}",
+                s.scraped, s.served
+            ));
+        }
+        if !self.replies_match {
+            what.push(format!(
+                "served {} requests but {} got a reply ({} duplicate replies)",
+                s.served, l.received, l.duplicates
+            ));
+        }
+        (!what.is_empty()).then(|| {
+            format!(
+                "{} at {}/s: {}",
+                self.mode,
+                self.scrape_rate,
+                what.join(", ")
+            )
+        })
+    }
 }
 
 /// Runs the service under load for `duration` in one mode at one scrape rate, and checks that
@@ -740,6 +925,7 @@ pub fn run_one(
         poll,
         seconds: duration.as_secs_f64(),
         nothing_lost: service.scraped == service.served,
+        replies_match: load.received == service.served && load.duplicates == 0,
         voluntary_per_scrape: after.0.saturating_sub(before.0) as f64 / scrapes,
         involuntary_per_scrape: after.1.saturating_sub(before.1) as f64 / scrapes,
         load,
@@ -773,6 +959,17 @@ pub fn duration(name: &str, text: &str) -> Result<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_request_sized_datagram_is_read_as_a_reply() {
+        let mut req = [0u8; REQUEST_BYTES];
+        req[..8].copy_from_slice(&7u64.to_le_bytes());
+        req[8..].copy_from_slice(&1234u64.to_le_bytes());
+        assert_eq!(parse_request(&req), Some((7, 1234)));
+        assert_eq!(parse_request(&req[..REQUEST_BYTES - 1]), None);
+        assert_eq!(parse_request(&[0u8; REQUEST_BYTES + 1]), None);
+        assert_eq!(parse_request(&[]), None);
+    }
 
     #[test]
     fn durations_and_modes_are_checked() {

@@ -28,6 +28,15 @@ fn nothing_lost_or_doubled_in_any_mode() {
                 "{mode} {scrape:?}: scraped counts differ from requests served"
             );
             assert!(r.nothing_lost);
+            // Every reply is to a request served, and none came twice. (Not asserted: that
+            // every served request's reply arrived; a preempted client on a loaded machine
+            // may miss a reply, which is the socket's loss, not the library's. The compare
+            // command asserts it.)
+            assert_eq!(r.load.duplicates, 0, "{mode} {scrape:?}: {r:?}");
+            assert!(
+                r.service.at_server.is_some(),
+                "{mode}: served requests but timed none at the server: {r:?}"
+            );
             assert!(r.load.received <= r.service.served, "{r:?}");
         }
     }
@@ -82,4 +91,32 @@ fn the_endpoint_serves_exposition_text_a_parser_reads() {
             .any(|s| s.metric == "qpw_service_seconds_p99"),
         "{body}"
     );
+}
+
+#[test]
+fn the_default_policy_treats_the_last_cpu_as_isolated() {
+    let svc = Service::start(&Config {
+        policy: qpw_service::policy("auto").unwrap(),
+        scrape_rate: 0.0,
+        scrape: Scrape::Walk,
+        poll: Poll::Block,
+        http_port: None,
+    })
+    .unwrap();
+    let cpus = svc.qpw().cpus().clone();
+    let (Some(first), Some(last)) = (cpus.first(), cpus.iter().last()) else {
+        panic!("an instance without CPUs");
+    };
+    if first == last {
+        eprintln!("skipped: one CPU allowed, no CPU apart to treat as isolated");
+        svc.stop().unwrap();
+        return;
+    }
+    assert_eq!(svc.qpw().mode(last).unwrap(), qpw_core::Mode::Remote);
+    if !svc.qpw().isolated().contains(first) {
+        // The housekeeping CPU, unless the machine isolates it, stays in queue mode.
+        assert_eq!(svc.qpw().mode(first).unwrap(), qpw_core::Mode::Queue);
+    }
+    assert_eq!(svc.serving_cpus().last(), Some(&last));
+    svc.stop().unwrap();
 }
