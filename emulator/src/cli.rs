@@ -542,12 +542,7 @@ pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
         Some(ContextValue::String(s)) => Some(s.clone()),
         _ => None,
     };
-    let mut cmd = Cli::command();
-    let usage = |cmd: &mut clap::Command| {
-        cmd.find_subcommand_mut("oslat")
-            .map(|o| o.render_help().to_string())
-            .unwrap_or_default()
-    };
+    let cmd = Cli::command();
     // The flag an error names (`--duration <TIME>`): its short letter, if it has one.
     let short_of = |cmd: &clap::Command, named: &str| {
         let long = named
@@ -570,7 +565,7 @@ pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
                     arg.trim_start_matches('-').chars().next().unwrap_or('?')
                 ),
             }
-            print!("{}", usage(&mut cmd));
+            print!("{}", subcommand_help("oslat"));
             Some(1)
         }
         ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
@@ -579,7 +574,7 @@ pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
             if value.is_empty() {
                 let short = short_of(&cmd, &arg)?;
                 eprintln!("oslat: option requires an argument -- '{short}'");
-                print!("{}", usage(&mut cmd));
+                print!("{}", subcommand_help("oslat"));
                 return Some(1);
             }
             let line = if arg.starts_with("--duration") {
@@ -606,7 +601,6 @@ pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
 /// `None` for every other refusal (clap's message stands).
 pub fn cyclictest_refusal(e: &clap::Error) -> Option<i32> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    use clap::CommandFactory;
     if e.kind() != ErrorKind::UnknownArgument {
         return None;
     }
@@ -617,13 +611,17 @@ pub fn cyclictest_refusal(e: &clap::Error) -> Option<i32> {
         return None;
     }
     eprintln!("cyclictest: unrecognized option '{arg}'");
-    let mut cmd = Cli::command();
-    let help = cmd
-        .find_subcommand_mut("cyclictest")
-        .map(|c| c.render_help().to_string())
-        .unwrap_or_default();
-    print!("{help}");
+    print!("{}", subcommand_help("cyclictest"));
     Some(0)
+}
+
+/// A subcommand's `--help` text, as the drop-ins' refusals print it for their usage.
+fn subcommand_help(name: &str) -> String {
+    use clap::CommandFactory;
+    Cli::command()
+        .find_subcommand_mut(name)
+        .map(|c| c.render_help().to_string())
+        .unwrap_or_default()
 }
 
 /// Says on stderr that a drop-in ignored words that are not options, as the real tool does.

@@ -540,11 +540,7 @@ impl Ctx {
             let housekeeping = self.cpus.allowed.difference(&target);
             let iso = crate::isolate::Isolation::apply(&target, &housekeeping)?;
             if self.isolation_report.is_none() {
-                if !self.quiet {
-                    for l in iso.report.lines() {
-                        eprintln!("qpw-emu: {l}");
-                    }
-                }
+                iso.report.say(self.quiet);
                 self.isolation_report = Some(iso.report.clone());
             }
             self.isolation = Some(iso);
@@ -779,12 +775,9 @@ impl Ctx {
     }
 
     fn baseline_rate(&self) -> f64 {
-        match (self.threshold(), self.scenarios.first()) {
-            (Some((ns, _)), Some(idle)) if idle.seconds > 0.0 => {
-                idle.hist.count_at_least(ns) as f64 / idle.seconds
-            }
-            _ => 0.0,
-        }
+        self.scenarios
+            .first()
+            .map_or(0.0, |idle| self.rate_at_threshold(idle))
     }
 
     /// A scenario's excess interruptions per drain in each round, against the idle rate of the
@@ -852,15 +845,7 @@ impl Ctx {
                 excess_per_drain_median: median(known.iter()),
                 excess_per_drain_se: se,
                 excess_per_drain_by_round: by_round,
-                per_second_at_us: OTHER_THRESHOLDS_NS
-                    .iter()
-                    .map(|&t| {
-                        (
-                            t as f64 / 1000.0,
-                            acc.hist.count_at_least(t) as f64 / seconds,
-                        )
-                    })
-                    .collect(),
+                per_second_at_us: rates_at_thresholds(acc),
             }
         });
         let per_drain =
@@ -1129,9 +1114,9 @@ impl Ctx {
             .iter()
             .filter(|a| a.rounds > 0 && a.seconds > 0.0)
             .map(|a| {
-                let at: Vec<String> = OTHER_THRESHOLDS_NS
+                let at: Vec<String> = rates_at_thresholds(a)
                     .iter()
-                    .map(|&t| format!("{:.0}", a.hist.count_at_least(t) as f64 / a.seconds))
+                    .map(|(_, per_s)| format!("{per_s:.0}"))
                     .collect();
                 format!("{} {}", a.name, at.join("/"))
             })
@@ -1426,6 +1411,15 @@ impl Ctx {
 fn write_file(path: &Path, text: &str) -> Result<String> {
     std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(path.display().to_string())
+}
+
+/// A scenario's gaps per second at each of [`OTHER_THRESHOLDS_NS`], as `(us, per second)`.
+fn rates_at_thresholds(a: &Acc) -> Vec<(f64, f64)> {
+    let seconds = a.seconds.max(1e-9);
+    OTHER_THRESHOLDS_NS
+        .iter()
+        .map(|&t| (t as f64 / 1000.0, a.hist.count_at_least(t) as f64 / seconds))
+        .collect()
 }
 
 /// The median of `values` (the mean of the middle two for an even count), or `None` if there

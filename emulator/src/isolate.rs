@@ -46,6 +46,7 @@ use qpw_core::CpuSet;
 use serde::{Deserialize, Serialize};
 
 use crate::rt::Warnings;
+use crate::trace::tracefs::cpumask_hex;
 
 /// The unbound workqueues' CPU mask.
 pub const WQ_CPUMASK: &str = "/sys/devices/virtual/workqueue/cpumask";
@@ -80,6 +81,15 @@ pub struct IsolationReport {
 }
 
 impl IsolationReport {
+    /// Says the report's lines on stderr (the text output), unless `quiet`.
+    pub fn say(&self, quiet: bool) {
+        if !quiet {
+            for l in self.lines() {
+                eprintln!("qpw-emu: {l}");
+            }
+        }
+    }
+
     /// The text output's lines.
     pub fn lines(&self) -> Vec<String> {
         let mut l = vec![format!(
@@ -341,7 +351,7 @@ fn isolate(
                 cpus,
                 housekeeping,
             );
-            match change_file(s, state_file, wq, &old, None, &hex_mask(&new)) {
+            match change_file(s, state_file, wq, &old, None, &cpumask_hex(&new)) {
                 Ok(()) => report.steps.push(format!(
                     "unbound workqueues on {new} ({WQ_CPUMASK} was {})",
                     old.trim()
@@ -393,7 +403,7 @@ fn isolate(
         if let Some(old_set) = parse_hex_mask(&old) {
             let new = old_set.difference(cpus);
             if !new.is_empty() && new != old_set {
-                let _ = change_file(s, state_file, &default_irq, &old, None, &hex_mask(&new));
+                let _ = change_file(s, state_file, &default_irq, &old, None, &cpumask_hex(&new));
             }
         }
     }
@@ -691,7 +701,7 @@ fn recover_stale_in(state_dir: &Path) -> Vec<String> {
         else {
             continue;
         };
-        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+        if !crate::rt::process_gone(pid) {
             continue;
         }
         let Ok(s) = std::fs::read_to_string(&path)
@@ -853,23 +863,6 @@ pub fn parse_hex_mask(text: &str) -> Option<CpuSet> {
     Some(set)
 }
 
-/// A set as the kernel's hexadecimal mask, in comma-separated 32-bit groups.
-pub fn hex_mask(set: &CpuSet) -> String {
-    let words = set.last().map_or(1, |l| l / 32 + 1);
-    let mut groups = vec![0u32; words];
-    for cpu in set.iter() {
-        groups[cpu / 32] |= 1 << (cpu % 32);
-    }
-    let mut parts: Vec<String> = groups.iter().rev().map(|g| format!("{g:08x}")).collect();
-    if let Some(first) = parts.first_mut() {
-        *first = first.trim_start_matches('0').to_string();
-        if first.is_empty() {
-            *first = "0".into();
-        }
-    }
-    parts.join(",")
-}
-
 /// `--isolate` for a probe or the load: isolates `measured` when asked, with a report in the
 /// text output (unless `quiet`) and a warning when something stayed.
 pub fn for_run(
@@ -884,11 +877,7 @@ pub fn for_run(
     }
     let housekeeping = allowed.difference(measured);
     let iso = Isolation::apply(measured, &housekeeping)?;
-    if !quiet {
-        for l in iso.report.lines() {
-            eprintln!("qpw-emu: {l}");
-        }
-    }
+    iso.report.say(quiet);
     if !iso.report.kernel_sees_isolated {
         warnings.push(
             quiet,
@@ -914,12 +903,9 @@ mod tests {
         assert_eq!(parse_hex_mask("1,00000000"), Some(set("32")));
         assert_eq!(parse_hex_mask("zz"), None);
         assert_eq!(parse_hex_mask(""), None);
-        assert_eq!(hex_mask(&set("0")), "1");
-        assert_eq!(hex_mask(&set("0-3,5")), "2f");
-        assert_eq!(hex_mask(&set("0,33")), "2,00000001");
-        assert_eq!(hex_mask(&CpuSet::default()), "0");
-        for l in ["0", "1-3", "0,31,32,63,64"] {
-            assert_eq!(parse_hex_mask(&hex_mask(&set(l))), Some(set(l)), "{l}");
+        // What tracefs writes (the kernel's format), read back.
+        for l in ["0", "1-3", "0-3,5", "0,33", "0,31,32,63,64"] {
+            assert_eq!(parse_hex_mask(&cpumask_hex(&set(l))), Some(set(l)), "{l}");
         }
     }
 

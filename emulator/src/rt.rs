@@ -295,6 +295,12 @@ fn proc_status(key: &str) -> Option<String> {
     })
 }
 
+/// Whether process `pid` has ended (and is not this one): what a run killed before it could
+/// clean up leaves behind is named after its pid.
+pub fn process_gone(pid: u32) -> bool {
+    pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Whether the process's effective capabilities include `CAP_IPC_LOCK` (bit 14 of `CapEff`),
 /// which lifts the memory-lock limit.
 fn has_cap_ipc_lock() -> bool {

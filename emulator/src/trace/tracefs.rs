@@ -111,7 +111,7 @@ fn stale_pid(path: &Path, prefix: &str) -> Option<u32> {
         .strip_prefix(prefix)?
         .parse()
         .ok()?;
-    (pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists()).then_some(pid)
+    crate::rt::process_gone(pid).then_some(pid)
 }
 
 /// Removes what runs that were killed before they could clean up left behind: tracefs
