@@ -327,8 +327,9 @@ pub struct Interruptions {
 /// The probe thread's preemptions: its involuntary context switches over the measuring windows.
 /// Beside [`Interruptions`] (gaps in the probe's loop) this needs no threshold and no baseline:
 /// a vCPU the hypervisor does not run stalls the loop but leaves this counter alone, so in
-/// queue mode it reads about one per drain that reached the target (the worker's wake-up
-/// preempts the probe) and in remote mode about none.
+/// queue mode it reads one to two per drain that reached the target (the worker's wake-up
+/// preempts the probe; where the probe gets its CPU back while the worker still holds the lock,
+/// it sleeps on it, a voluntary switch) and in remote mode about none.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ProbePreemptions {
     /// Involuntary context switches of the probe thread (it was preempted).

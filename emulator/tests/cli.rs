@@ -481,7 +481,7 @@ fn run_reports_excess_interruptions_round_by_round() {
 }
 
 /// The default experiment reports the probe's context switches per drain (involuntary and
-/// voluntary, each counted in the JSON): about one per drain in queue mode, where the worker's wake-up preempts the probe,
+/// voluntary, each counted in the JSON): one or two per drain in queue mode (the worker's wake-up preempts the probe, and the probe may then sleep on the lock the worker holds),
 /// and about none in remote mode. Other processes on the machine can preempt the probe in both
 /// modes alike, so the assertion is on the difference, not on a zero.
 #[test]
@@ -512,10 +512,21 @@ fn run_reports_probe_preemptions_per_drain() {
         figure
     };
     let (queue, remote) = (per_drain("queue-counter"), per_drain("remote-counter"));
+    // Queue mode: the worker's wake-up takes the CPU from the probe once per drain, and a
+    // second time where the scheduler gives the probe its CPU back while the worker still holds
+    // the lock, so that the probe sleeps on it (a voluntary switch): between one and two per
+    // drain. A CI run counted 1.81 against remote's 0.17.
+    let split = |name: &str| {
+        let v = read_json(&dir.path().join(format!("{name}.json")));
+        let p = &v["probe_preemptions"];
+        format!("{} involuntary + {} voluntary", p["count"], p["voluntary"])
+    };
     assert!(
-        queue >= remote + 0.5 && queue <= remote + 1.5,
-        "probe preemptions per drain: queue {queue:.2}, remote {remote:.2}: expected about one \
-         more per drain in queue mode"
+        queue >= remote + 0.5 && queue <= remote + 2.5,
+        "probe preemptions per drain: queue {queue:.2} ({}), remote {remote:.2} ({}): expected \
+         one to two more per drain in queue mode",
+        split("queue-counter"),
+        split("remote-counter")
     );
     // Fenced mode interrupts the probe (the fence's IPI) but never preempts it: no more than
     // remote mode, well short of queue mode.
