@@ -112,14 +112,24 @@ pub struct DrainArgs {
     /// --mode or --workload turns the load on.
     #[arg(long, value_name = "MODE", allow_hyphen_values = true)]
     pub mode: Option<String>,
-    /// Workload: lru, memcg, slub, pcp, or counter (the emulator's built-in minimal one); for
-    /// `oslat` also its own busy-loop workloads, `no` and `memmove` (`-w`, as oslat); or the
-    /// running kernel's own drains (root): kernel-lru (compacts memory: lru_add_drain_all),
-    /// kernel-slub (shrinks the maple_node slab: flush_all), kernel-vmstat (stat_refresh:
-    /// refresh_vm_stats on every CPU), kernel-memcg (a memory cgroup of its own, created and
-    /// removed, emptied: drain_all_stock).
-    #[arg(short = 'w', long, value_name = "NAME", allow_hyphen_values = true)]
+    /// Workload: lru, memcg, slub, pcp, or counter (the emulator's built-in minimal one); or
+    /// the running kernel's own drains (root): kernel-lru (compacts memory:
+    /// lru_add_drain_all), kernel-slub (shrinks the maple_node slab: flush_all), kernel-vmstat
+    /// (stat_refresh: refresh_vm_stats on every CPU), kernel-memcg (a memory cgroup of its own,
+    /// created and removed, emptied: drain_all_stock). `qpw-emu oslat` takes it as
+    /// --drain-workload only (its -w/--workload is oslat's).
+    #[arg(
+        short = 'w',
+        long,
+        alias = "drain-workload",
+        value_name = "NAME",
+        allow_hyphen_values = true
+    )]
     pub workload: Option<String>,
+    /// How the workload's flag is spelled in messages: `--workload`, or `--drain-workload` for
+    /// `qpw-emu oslat`.
+    #[arg(skip = "--workload")]
+    pub workload_flag: &'static str,
     /// Requester drains per second, 0-100000 (0: no drains). Default 1000; for kernel
     /// workloads their own (kernel-lru 2, kernel-slub and kernel-vmstat 50, kernel-memcg 20).
     #[arg(long, value_name = "HZ", allow_hyphen_values = true)]
@@ -245,6 +255,8 @@ pub struct RunArgs {
 /// one second, 32 buckets of 1 us, a one-second pre-heat), plus ours after them.
 #[derive(Debug, Clone, Args)]
 #[command(infer_long_args = true, next_help_heading = "Available options")]
+// The drain workload under a name of its own: `-w/--workload` is oslat's.
+#[command(mut_arg("workload", |a| a.short(None).long("drain-workload").alias(None)))]
 pub struct OslatArgs {
     /// Number of buckets, 4-1024 (oslat's range).
     #[arg(short = 'b', long, value_name = "N", default_value = "32",
@@ -274,6 +286,10 @@ pub struct OslatArgs {
     /// SCHED_FIFO priority, 1-99.
     #[arg(short = 'f', long, value_name = "PRIO", value_parser = int_range(1, 99))]
     pub rtprio: Option<u64>,
+    /// oslat's busy-loop workload: no (the default) or memmove (copy a buffer each turn).
+    #[arg(id = "loop_workload", short = 'w', long = "workload", value_name = "NAME",
+          value_parser = loop_workload)]
+    pub loop_workload: Option<String>,
     /// Memory for the memmove workload, per buffer (e.g. 4K, 1M; default 16K).
     #[arg(short = 'm', long, value_name = "SIZE", value_parser = mem_size)]
     pub workload_mem: Option<u64>,
@@ -294,10 +310,10 @@ pub struct OslatArgs {
     #[arg(short = 'z', long)]
     pub zero_omit: bool,
     /// Bucket width in nanoseconds, 1-1000000 (ours; oslat's buckets are 1 us).
-    #[arg(short = 'W', long, value_name = "NS", default_value = "1000",
+    #[arg(long, value_name = "NS", default_value = "1000",
           value_parser = int_range(1, 1_000_000), help_heading = OURS)]
     pub bucket_width: u64,
-    /// The drain load (ours); `-w/--workload` also takes oslat's own busy-loop workloads.
+    /// The drain load (ours); its workload is `--drain-workload` here, as `-w/--workload` is oslat's.
     #[command(flatten, next_help_heading = OURS)]
     pub drain: DrainArgs,
     /// Words that are not options: oslat 2.4 ignores them (scripts pass some), and so do we,
@@ -490,6 +506,17 @@ pub fn run_length(raw: &str) -> Result<RunLength, String> {
     duration_value(raw).map(RunLength::For)
 }
 
+/// A value parser for oslat's `-w`: its busy-loop workloads only, as oslat takes them. The
+/// drain workloads are `--drain-workload`; the refusal says so.
+pub fn loop_workload(raw: &str) -> Result<String, String> {
+    match raw {
+        "no" | "memmove" => Ok(raw.to_string()),
+        _ => Err(format!(
+            "oslat's workloads are no and memmove (the drain workloads are --drain-workload {raw})"
+        )),
+    }
+}
+
 /// A value parser for a memory size as oslat writes it: `16K`, `1M`, `1G`, or bytes.
 pub fn mem_size(raw: &str) -> Result<u64, String> {
     let text = raw.trim();
@@ -581,6 +608,9 @@ pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
                 format!("Illegal runtime: {value}")
             } else if arg.starts_with("--bucket-size") {
                 format!("Illegal bucket size: {value} (should be: 4-1024)")
+            } else if arg.starts_with("--workload ") {
+                // oslat's own line, and the blank line it ends with.
+                format!("Unknown workload '{value}'.  Please choose from: 'no', 'memmove'\n")
             } else {
                 return None;
             };

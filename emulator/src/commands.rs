@@ -131,7 +131,7 @@ pub fn resolve_drain(
         .as_deref()
         .map(|w| {
             w.parse::<WorkloadName>()
-                .map_err(|e| anyhow!("--workload {w}: {e}"))
+                .map_err(|e| anyhow!("{} {w}: {e}", args.workload_flag))
         })
         .transpose()?;
     let requester = args
@@ -160,8 +160,9 @@ pub fn resolve_drain(
     if let Some(k) = workload.kernel() {
         if let Some(m) = mode.filter(|m| m.is_remote()) {
             bail!(
-                "--mode {m} --workload {k}: the running kernel decides its own mode (see \
-                 `qpw-emu trace`'s kernel report); leave --mode out for kernel workloads"
+                "--mode {m} {} {k}: the running kernel decides its own mode (see \
+                 `qpw-emu trace`'s kernel report); leave --mode out for kernel workloads",
+                args.workload_flag
             );
         }
         // Refuse now, before any set-up, when the kernel's drain cannot run here.

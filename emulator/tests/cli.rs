@@ -116,7 +116,7 @@ fn oslat_under_each_mode_reports_the_requester() {
         let v = run_json(
             dir.path(),
             &format!("{mode}.json"),
-            &format!("oslat -c 1 -D 1 -q --workload counter --mode {mode}"),
+            &format!("oslat -c 1 -D 1 -q --drain-workload counter --mode {mode}"),
             "requester",
         );
         assert_eq!(v["mode"], mode);
@@ -210,6 +210,23 @@ fn oslat_refuses_as_oslat_does() {
             "oslat V 2.40\nIllegal bucket size: 2000 (should be: 4-1024)\n",
             "4-1024",
         ),
+        // Issue 25 class 6: oslat's -w takes oslat's workloads only; ours have a long name
+        // of their own, and -W (ours, a bucket width) is no longer a short option.
+        (
+            "oslat -w lru",
+            "oslat V 2.40\nUnknown workload 'lru'.  Please choose from: 'no', 'memmove'\n\n",
+            "--drain-workload lru",
+        ),
+        (
+            "oslat --workload=counter",
+            "oslat V 2.40\nUnknown workload 'counter'.  Please choose from: 'no', 'memmove'\n\n",
+            "--drain-workload counter",
+        ),
+        (
+            "oslat -W 500",
+            "oslat V 2.40\nUsage:\n",
+            "oslat: invalid option -- 'W'",
+        ),
     ];
     for (line, stdout_starts, stderr_has) in cases {
         let out = emu().args(line.split(' ')).output().unwrap();
@@ -274,7 +291,7 @@ fn bad_oslat_values_name_the_flag_and_range() {
         ("oslat -b x", ["'x'", "4-1024"]),
         ("oslat -b 3", ["'3'", "4-1024"]),
         ("oslat -b 1025", ["'1025'", "4-1024"]),
-        ("oslat -W 0", ["--bucket-width", "1-1000000"]),
+        ("oslat --bucket-width 0", ["--bucket-width", "1-1000000"]),
         ("oslat -f 0", ["--rtprio", "1-99"]),
         ("oslat -f 100", ["'100'", "1-99"]),
         ("oslat -T 0", ["--trace-threshold", "1-10000000"]),
@@ -304,7 +321,11 @@ fn bad_oslat_values_name_the_flag_and_range() {
         ("oslat --load maybe", ["--load maybe", "`on` or `off`"]),
         ("oslat --mode fast", ["--mode fast", "`remote` or `fenced`"]),
         (
-            "oslat --workload slab",
+            "oslat --drain-workload slab",
+            ["--drain-workload slab", "lru, memcg, slub, pcp, counter"],
+        ),
+        (
+            "cyclictest --workload slab",
             ["--workload slab", "lru, memcg, slub, pcp, counter"],
         ),
         (

@@ -224,7 +224,7 @@ fn oslat_rtprio() {
 
 #[test]
 fn oslat_workload_and_its_memory() {
-    // oslat flag: -w --workload (no, memmove; ours otherwise)
+    // oslat flag: -w --workload (no, memmove; ours are --drain-workload)
     // oslat flag: -m --workload-mem
     run("oslat -c 1 -D 100ms -w memmove -m 4K")
         .ok()

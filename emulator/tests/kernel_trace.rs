@@ -112,7 +112,7 @@ fn queue_mode_worker_is_attributed_and_remote_mode_leaves_nothing_of_qpw() {
             "--trace",
             "--mode",
             mode,
-            "--workload",
+            "--drain-workload",
             "lru",
             "--drain-rate",
             "500",
@@ -167,7 +167,7 @@ fn a_kernel_drain_runs_its_work_function_on_the_target_once_per_drain() {
         "2",
         "-q",
         "--trace",
-        "--workload",
+        "--drain-workload",
         "kernel-vmstat",
         "--drain-rate",
         "20",
@@ -249,7 +249,7 @@ fn interrupted_runs_leave_nothing_behind() {
                 "60",
                 "-q",
                 "--trace",
-                "--workload",
+                "--drain-workload",
                 workload,
             ])
             .stdout(Stdio::null())

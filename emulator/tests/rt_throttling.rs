@@ -63,7 +63,7 @@ fn oslat_under_queue_drains(cpu: usize, seconds: &str, json: &Path, extra: &[&st
         "oslat",
         "--mode",
         "queue",
-        "-w",
+        "--drain-workload",
         "counter",
         "--cpu-list",
         &cpu,

@@ -177,7 +177,7 @@ fn oslat_with_fifo_and_a_load_completes() {
             "80",
             "--mode",
             "queue",
-            "--workload",
+            "--drain-workload",
             "lru",
             "--json",
             "o.json",

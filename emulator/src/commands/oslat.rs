@@ -27,9 +27,6 @@ use crate::validate;
 /// oslat's default memmove buffer: 16 KiB per thread (`WORKLOAD_MEM_SIZE`).
 const WORKLOAD_MEM: u64 = 16 << 10;
 
-/// oslat's busy-loop workloads (`-w`), apart from our drain workloads on the same flag.
-const LOOP_WORKLOADS: [&str; 2] = ["no", "memmove"];
-
 pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     crate::cli::note_stray("oslat", &args.stray);
     if args.version {
@@ -47,16 +44,10 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         // oslat's default: cpu 0 (when the process may run there).
         None => cpus.allowed.contains(0).then_some(0),
     };
-    // `-w no|memmove` is oslat's; any other name is one of our drain workloads.
+    // `-w no|memmove` is oslat's busy-loop workload; ours is `--drain-workload`.
     let mut drain = args.drain.clone();
-    let memmove = match drain.workload.as_deref() {
-        Some(w) if LOOP_WORKLOADS.contains(&w) => {
-            let on = w == "memmove";
-            drain.workload = None;
-            on
-        }
-        _ => false,
-    };
+    drain.workload_flag = "--drain-workload";
+    let memmove = args.loop_workload.as_deref() == Some("memmove");
     let spec = super::resolve_drain(&drain, &cpus, &measured, false)?;
     if let Some(path) = &args.json {
         validate::output_file("--json", path)?;
