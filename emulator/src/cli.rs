@@ -37,6 +37,7 @@ pub enum Command {
     #[command(help_template = OSLAT_HELP)]
     Oslat(Box<OslatArgs>),
     /// The cyclictest probe: threads waking on an absolute deadline, measuring how late.
+    #[command(help_template = CYCLICTEST_HELP)]
     Cyclictest(Box<CyclictestArgs>),
     /// Only the drain load (requester drains plus process-context operations), for running
     /// the real rt-tests tools beside it on the CPU it leaves free.
@@ -62,6 +63,12 @@ pub enum Command {
 const OSLAT_HELP: &str = "oslat V 2.40\nUsage:\noslat <options>\n\nqpw-emu's oslat: the same busy \
 loop on each CPU of -c, counting every gap, with oslat's flags and output; a drain load \
 and a trace on our own options.\n\n{all-args}";
+
+/// `cyclictest --help` as cyclictest 2.4 starts it (version, `Usage:`, `cyclictest <options>`),
+/// then the options it has, then ours under their own heading.
+const CYCLICTEST_HELP: &str = "cyclictest V 2.40\nUsage:\ncyclictest <options>\n\nqpw-emu's \
+cyclictest: threads waking on an absolute deadline, measuring how late, with cyclictest's flags \
+and output; a drain load and a trace on our own options.\n\n{all-args}";
 
 /// The heading of the drop-ins' own options, after the real tool's in `--help`.
 pub const OURS: &str = "Options of qpw-emu (not in rt-tests)";
@@ -109,7 +116,7 @@ pub struct DrainArgs {
     /// lock in the requester), fenced (remote, with a restartable-sequence lock that the
     /// requester takes by fencing the target CPU with membarrier), or auto (the kernel's rule,
     /// the default: remote when the measured CPU is isolated or nohz_full, else queue). Giving
-    /// --mode or --workload turns the load on.
+    /// --mode or a workload turns the load on.
     #[arg(long, value_name = "MODE", allow_hyphen_values = true)]
     pub mode: Option<String>,
     /// Workload: lru, memcg, slub, pcp, or counter (the emulator's built-in minimal one); or
@@ -325,7 +332,21 @@ pub struct OslatArgs {
 /// `qpw-emu cyclictest`: every flag of rt-tests 2.4's `cyclictest --help`, with its defaults
 /// (one thread per -t on the allowed CPUs in turn, 1000 us, until Ctrl-C), plus ours after them.
 #[derive(Debug, Clone, Args)]
-#[command(disable_help_flag = true, infer_long_args = true)]
+#[command(
+    disable_help_flag = true,
+    infer_long_args = true,
+    next_help_heading = "Available options"
+)]
+// getopt hands a required argument the next word whatever it is (`-p -5`), so that the value
+// reaches its range check instead of being taken for an option.
+// Our drain workload has no short letter here: a future cyclictest may take -w.
+#[command(mut_arg("workload", |a| a.short(None)))]
+#[command(mut_args(|a| {
+    let required = matches!(a.get_action(), ArgAction::Set)
+        && !a.is_positional()
+        && a.get_num_args().is_none_or(|n| n.min_values() >= 1);
+    a.allow_hyphen_values(required)
+}))]
 pub struct CyclictestArgs {
     /// Pin thread N to the Nth allowed CPU; with a CPU set, to its CPUs in turn (e.g. 1, 0-1,
     /// all). Without a value: all allowed CPUs.
@@ -456,18 +477,23 @@ pub struct CyclictestArgs {
     pub posix_timers: bool,
     /// Attribute every wake-up at least this many microseconds late (default 5 when given
     /// without a value) to what ran on the CPU then, from a private tracefs instance (root).
-    #[arg(long, value_name = "TIME", num_args = 0..=1, default_missing_value = "5")]
+    #[arg(long, value_name = "TIME", num_args = 0..=1, default_missing_value = "5",
+          help_heading = OURS)]
     pub trace: Option<String>,
     /// Print help (-h is the histogram, as in cyclictest).
     #[arg(long, action = ArgAction::Help)]
     pub help: Option<bool>,
     /// The drain load (ours).
-    #[command(flatten)]
+    #[command(flatten, next_help_heading = OURS)]
     pub drain: DrainArgs,
     /// Words that are not options: cyclictest 2.4 ignores them, and so do we, saying so on
     /// stderr.
     #[arg(hide = true, num_args = 0.., value_name = "IGNORED")]
     pub stray: Vec<String>,
+    /// `-v` came before `-a CPUSET` on the command line (from [`cyclictest_getopt`]): 2.4 then
+    /// says `Using N cpus.` while it parses `-a`, once more than otherwise.
+    #[arg(skip)]
+    pub verbose_before_affinity: bool,
 }
 
 /// A cyclictest run length: a duration, or until Ctrl-C (`-D 0`).
@@ -563,35 +589,12 @@ pub fn args_for_invocation(
 /// oslat's. Returns the exit status when it printed, `None` for errors oslat has no shape for
 /// (clap's message stands).
 pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    use clap::CommandFactory;
-    let ctx = |k| match e.get(k) {
-        Some(ContextValue::String(s)) => Some(s.clone()),
-        _ => None,
-    };
-    let cmd = Cli::command();
-    // The flag an error names (`--duration <TIME>`): its short letter, if it has one.
-    let short_of = |cmd: &clap::Command, named: &str| {
-        let long = named
-            .trim_start_matches('-')
-            .split(' ')
-            .next()
-            .unwrap_or("");
-        cmd.find_subcommand("oslat")?
-            .get_arguments()
-            .find(|a| a.get_long() == Some(long))?
-            .get_short()
-    };
+    use clap::error::{ContextKind, ErrorKind};
+    let ctx = |k| error_context(e, k);
     match e.kind() {
         ErrorKind::UnknownArgument => {
             let arg = ctx(ContextKind::InvalidArg)?;
-            match arg.strip_prefix("--") {
-                Some(_) => eprintln!("oslat: unrecognized option '{arg}'"),
-                None => eprintln!(
-                    "oslat: invalid option -- '{}'",
-                    arg.trim_start_matches('-').chars().next().unwrap_or('?')
-                ),
-            }
+            say_unknown_option("oslat", &arg);
             print!("{}", subcommand_help("oslat"));
             Some(1)
         }
@@ -599,7 +602,7 @@ pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
             let arg = ctx(ContextKind::InvalidArg)?;
             let value = ctx(ContextKind::InvalidValue).unwrap_or_default();
             if value.is_empty() {
-                let short = short_of(&cmd, &arg)?;
+                let short = short_of("oslat", &arg)?;
                 eprintln!("oslat: option requires an argument -- '{short}'");
                 print!("{}", subcommand_help("oslat"));
                 return Some(1);
@@ -626,23 +629,206 @@ pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
     }
 }
 
-/// What cyclictest 2.4 does with an unknown long option: getopt's `cyclictest: unrecognized
-/// option '--x'` on stderr, the usage on stdout, and exit status 0 (it treats it as `--help`).
-/// `None` for every other refusal (clap's message stands).
+/// What cyclictest 2.4 prints for a command line clap refuses. An unknown option (getopt's
+/// `cyclictest: unrecognized option '--x'` or `invalid option -- 'k'`) and a missing argument
+/// (`option requires an argument -- 'i'`) print that line on stderr and the usage on stdout,
+/// exit status 0 (2.4 treats them as `--help`). A bad value prints the usage and exits 1 where
+/// 2.4 refuses it (`-p 200`, `-h -1`, `-c 5`), with our reason, which names the flag and the
+/// legal range, on stderr; where 2.4 reads a bad value as 0 and runs on (`-i abc`, `-l x`) we
+/// refuse it the same way (README). `None` for other errors (clap's message stands).
 pub fn cyclictest_refusal(e: &clap::Error) -> Option<i32> {
-    use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if e.kind() != ErrorKind::UnknownArgument {
-        return None;
+    use clap::error::{ContextKind, ErrorKind};
+    let ctx = |k| error_context(e, k);
+    let usage = || print!("{}", subcommand_help("cyclictest"));
+    match e.kind() {
+        ErrorKind::UnknownArgument => {
+            let arg = ctx(ContextKind::InvalidArg)?;
+            say_unknown_option("cyclictest", &arg);
+            usage();
+            Some(0)
+        }
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
+            let arg = ctx(ContextKind::InvalidArg)?;
+            if ctx(ContextKind::InvalidValue)
+                .unwrap_or_default()
+                .is_empty()
+            {
+                match short_of("cyclictest", &arg) {
+                    Some(c) => eprintln!("cyclictest: option requires an argument -- '{c}'"),
+                    None => eprintln!(
+                        "cyclictest: option '{}' requires an argument",
+                        arg.split(' ').next().unwrap_or_default()
+                    ),
+                }
+                usage();
+                return Some(0);
+            }
+            usage();
+            let ours = e.to_string();
+            let ours = ours.lines().next().unwrap_or_default();
+            eprintln!("qpw-emu: {}", ours.trim_start_matches("error: "));
+            Some(1)
+        }
+        _ => None,
     }
-    let Some(ContextValue::String(arg)) = e.get(ContextKind::InvalidArg) else {
-        return None;
+}
+
+/// A clap error's context of this kind, as text.
+fn error_context(e: &clap::Error, kind: clap::error::ContextKind) -> Option<String> {
+    match e.get(kind) {
+        Some(clap::error::ContextValue::String(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// getopt's line on stderr for an option `tool` does not know: `tool: unrecognized option
+/// '--x'`, or `tool: invalid option -- 'x'` for a short one.
+fn say_unknown_option(tool: &str, arg: &str) {
+    match arg.strip_prefix("--") {
+        Some(_) => eprintln!("{tool}: unrecognized option '{arg}'"),
+        None => eprintln!(
+            "{tool}: invalid option -- '{}'",
+            arg.trim_start_matches('-').chars().next().unwrap_or('?')
+        ),
+    }
+}
+
+/// The short letter of the flag a clap error names (`--duration <TIME>`), in a subcommand.
+fn short_of(subcommand: &str, named: &str) -> Option<char> {
+    use clap::CommandFactory;
+    let long = named
+        .trim_start_matches('-')
+        .split(' ')
+        .next()
+        .unwrap_or("");
+    Cli::command()
+        .find_subcommand(subcommand)?
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))?
+        .get_short()
+}
+
+/// What rt-tests 2.4's cyclictest makes of its command line's order, which clap does not see:
+/// read with getopt's rules before clap parses `args` (the whole command line, `cyclictest`
+/// at index 1), and `args` rewritten where 2.4 reads a word differently.
+///
+/// - `-a`, `-A`, `-t` and `--secaligned` take an optional argument; 2.4 also takes the next
+///   word as it, but only a number (for `-a` also a word starting with `0`, `!`, `+` or `a`).
+///   Any other next word is not theirs (`-t abc`: a thread per CPU, `abc` ignored), so it is
+///   moved after a `--` at the end, where the ignored words go.
+/// - `-a` before `-S/--smp` is fatal in 2.4 (`FATAL: numa and smp options are mutually
+///   exclusive`, exit 1; the other order only warns): `Err(1)` once that is printed.
+/// - `-v` before `-a CPUSET` makes 2.4 print `Using N cpus.` once more: the returned flag.
+pub fn cyclictest_getopt(args: &mut Vec<std::ffi::OsString>) -> Result<bool, i32> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    // Built, so that every option says how many arguments it takes.
+    cmd.build();
+    let Some(sub) = cmd.find_subcommand("cyclictest") else {
+        return Ok(false);
     };
-    if !arg.starts_with("--") {
-        return None;
+    // How each option takes its argument: 0 none, 1 required, 2 optional.
+    let takes = |a: &clap::Arg| match a.get_num_args() {
+        Some(n) if n.min_values() == 1 => 1,
+        Some(n) if n.max_values() == 1 => 2,
+        _ => 0,
+    };
+    let by_short = |c: char| sub.get_arguments().find(|a| a.get_short() == Some(c));
+    let by_long = |name: &str| {
+        let exact = sub.get_arguments().find(|a| a.get_long() == Some(name));
+        let mut prefixed = sub
+            .get_arguments()
+            .filter(|a| a.get_long().is_some_and(|l| l.starts_with(name)));
+        exact.or_else(|| match (prefixed.next(), prefixed.next()) {
+            (Some(a), None) => Some(a),
+            _ => None,
+        })
+    };
+    // 2.4's test for taking the next word as an optional argument: atoi() of it is not 0.
+    let atoi_nonzero = |w: &str| {
+        let t = w.trim_start();
+        let t = t.strip_prefix(['+', '-']).unwrap_or(t);
+        t.chars().take_while(char::is_ascii_digit).any(|c| c != '0')
+    };
+    // What one option changes in the order's state: `-v` noted, `-S` after `-a` fatal.
+    fn seen(id: &str, affinity_seen: bool, verbose_seen: &mut bool) -> Result<(), i32> {
+        match id {
+            "verbose" => *verbose_seen = true,
+            "smp" if affinity_seen => {
+                eprintln!("FATAL: numa and smp options are mutually exclusive");
+                return Err(1);
+            }
+            _ => {}
+        }
+        Ok(())
     }
-    eprintln!("cyclictest: unrecognized option '{arg}'");
-    print!("{}", subcommand_help("cyclictest"));
-    Some(0)
+    let (mut affinity_seen, mut verbose_seen, mut verbose_before_affinity) = (false, false, false);
+    let mut moved = Vec::new();
+    let mut i = 2;
+    while i < args.len() {
+        let Some(word) = args[i].to_str().map(str::to_string) else {
+            i += 1;
+            continue;
+        };
+        if word == "--" {
+            break;
+        }
+        // The option this word is, and whether its argument is attached.
+        let (arg, attached) = if let Some(long) = word.strip_prefix("--") {
+            let (name, value) = match long.split_once('=') {
+                Some((n, _)) => (n, true),
+                None => (long, false),
+            };
+            (by_long(name), value)
+        } else if word.len() > 1 && word.starts_with('-') {
+            // A cluster of short options: walk it until one takes an argument.
+            let mut found = (None, false);
+            for (at, c) in word.char_indices().skip(1) {
+                let Some(a) = by_short(c) else { break };
+                if takes(a) > 0 {
+                    found = (Some(a), at + c.len_utf8() < word.len());
+                    break;
+                }
+                seen(a.get_id().as_str(), affinity_seen, &mut verbose_seen)?;
+            }
+            found
+        } else {
+            (None, false)
+        };
+        i += 1;
+        let Some(a) = arg else { continue };
+        seen(a.get_id().as_str(), affinity_seen, &mut verbose_seen)?;
+        let id = a.get_id().as_str().to_string();
+        if id == "affinity" {
+            affinity_seen = true;
+        }
+        match takes(a) {
+            1 if !attached => i += 1,
+            2 if !attached => {
+                let next = args.get(i).and_then(|w| w.to_str()).map(str::to_string);
+                let Some(next) = next else { continue };
+                let theirs = atoi_nonzero(&next)
+                    || (id == "affinity" && next.starts_with(['0', '!', '+', 'a']));
+                if id == "affinity" && verbose_seen {
+                    verbose_before_affinity = theirs;
+                }
+                if theirs {
+                    i += 1;
+                } else if !next.starts_with('-') {
+                    moved.push(args.remove(i));
+                }
+            }
+            _ if id == "affinity" && verbose_seen => verbose_before_affinity = attached,
+            _ => {}
+        }
+    }
+    if !moved.is_empty() {
+        if !args.iter().any(|a| a == "--") {
+            args.push("--".into());
+        }
+        args.extend(moved);
+    }
+    Ok(verbose_before_affinity)
 }
 
 /// A subcommand's `--help` text, as the drop-ins' refusals print it for their usage.

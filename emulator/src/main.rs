@@ -26,9 +26,17 @@ fn main() {
             }
         }
     }
-    let args = qpw_emulator::cli::args_for_invocation(std::env::args_os());
+    let mut args = qpw_emulator::cli::args_for_invocation(std::env::args_os());
     let tool = args.get(1).and_then(|a| a.to_str()).map(str::to_string);
-    let cli = match qpw_emulator::cli::Cli::try_parse_from(args) {
+    // What cyclictest 2.4 reads from the command line's order, which clap does not see.
+    let mut verbose_before_affinity = false;
+    if tool.as_deref() == Some("cyclictest") {
+        match qpw_emulator::cli::cyclictest_getopt(&mut args) {
+            Ok(v) => verbose_before_affinity = v,
+            Err(code) => std::process::exit(code),
+        }
+    }
+    let mut cli = match qpw_emulator::cli::Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {
             // The drop-ins refuse as the real tools do, where those have a shape for it.
@@ -43,6 +51,9 @@ fn main() {
             e.exit()
         }
     };
+    if let Some(qpw_emulator::cli::Command::Cyclictest(a)) = cli.command.as_mut() {
+        a.verbose_before_affinity = verbose_before_affinity;
+    }
     if let Err(e) = qpw_emulator::commands::dispatch(cli) {
         if let Some(exit) = e.downcast_ref::<qpw_emulator::commands::Exit>() {
             std::process::exit(exit.0);

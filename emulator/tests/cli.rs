@@ -284,6 +284,103 @@ fn stray_words_and_unknown_long_options_as_rt_tests_take_them() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("Usage:"));
 }
 
+/// cyclictest 2.4's refusals and order rules, as recorded from Debian's rt-tests 2.4 on this
+/// machine (issue 25 classes 4 and 5): wrappers check the exit status and grep these lines.
+#[test]
+fn cyclictest_refuses_and_reads_its_command_line_as_cyclictest_does() {
+    const USAGE: &str = "cyclictest V 2.40\nUsage:\ncyclictest <options>\n";
+    // (command line, exit status, stdout starts with, stderr has)
+    let cases = [
+        (
+            "cyclictest -k",
+            0,
+            USAGE,
+            "cyclictest: invalid option -- 'k'",
+        ),
+        (
+            "cyclictest -l 3 -i",
+            0,
+            USAGE,
+            "cyclictest: option requires an argument -- 'i'",
+        ),
+        ("cyclictest -p 200", 1, USAGE, "0-99"),
+        // getopt gives a required argument the next word, dash or not.
+        ("cyclictest -h -1", 1, USAGE, "--histogram"),
+        ("cyclictest -c 5", 1, USAGE, "0-1"),
+        // -a before --smp is fatal; the other order only warns.
+        (
+            "cyclictest -a 1 --smp -l 3 -q",
+            1,
+            "",
+            "FATAL: numa and smp options are mutually exclusive",
+        ),
+        (
+            "cyclictest -qa0 -S -l 3",
+            1,
+            "",
+            "FATAL: numa and smp options are mutually exclusive",
+        ),
+        (
+            "cyclictest --smp -a 1 -l 3 -q",
+            0,
+            "",
+            "WARN: -a ignored due to smp mode",
+        ),
+    ];
+    for (line, code, stdout_starts, stderr_has) in cases {
+        let out = emu().args(line.split(' ')).output().unwrap();
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(code), "{line}: {so}{se}");
+        assert!(so.starts_with(stdout_starts), "{line}: stdout:\n{so}");
+        assert!(se.contains(stderr_has), "{line}: stderr:\n{se}");
+    }
+    let run = |line: &str| {
+        let out = emu().args(line.split(' ')).output().unwrap();
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        );
+        assert!(out.status.success(), "{line}: {so}{se}");
+        (so, se)
+    };
+    // -t takes the next word only when it is a number: `abc` is ignored and -t means a
+    // thread per allowed CPU.
+    let allowed = qpw_core::allowed_cpus().unwrap().len();
+    let (so, se) = run("cyclictest -t abc -l 3 -q");
+    assert_eq!(
+        so.lines().filter(|l| l.starts_with("T:")).count(),
+        allowed,
+        "{so}"
+    );
+    assert!(se.contains("ignoring `abc`"), "{se}");
+    let (so, _) = run("cyclictest -t 1 -l 3 -q");
+    assert_eq!(
+        so.lines().filter(|l| l.starts_with("T:")).count(),
+        1,
+        "{so}"
+    );
+    // -v: `Using N cpus.` once more when -v comes before -a, and each thread's interval as
+    // 2.4 prints it (plus one distance, none with a histogram).
+    let (so, _) = run("cyclictest -v -a 0 -t 1 -l 2");
+    assert!(so.starts_with("Using 1 cpus.\nMax CPUs = "), "{so}");
+    let (so, _) = run("cyclictest -a 0 -v -t 1 -l 2");
+    assert!(so.starts_with("Max CPUs = "), "{so}");
+    assert_eq!(so.matches("Using 1 cpus.").count(), 1, "{so}");
+    let (so, _) = run("cyclictest -v -t 2 -a 0 -i 1000 -l 2");
+    assert!(
+        so.contains("Thread 0 Interval: 1500\n") && so.contains("Thread 1 Interval: 2000\n"),
+        "{so}"
+    );
+    let (so, _) = run("cyclictest -v -t 2 -a 0 -i 1000 -h 10 -l 2");
+    assert!(
+        so.contains("Thread 0 Interval: 1000\n") && so.contains("Thread 1 Interval: 1000\n"),
+        "{so}"
+    );
+}
+
 #[test]
 fn bad_oslat_values_name_the_flag_and_range() {
     rejects_all(&[
@@ -343,13 +440,15 @@ fn bad_oslat_values_name_the_flag_and_range() {
 #[test]
 fn bad_cyclictest_values_name_the_flag_and_range() {
     rejects_all(&[
-        ("cyclictest -t 0", ["--threads", "1-4096"]),
+        // Attached: a separate word that is not a number is not -t's or -a's in 2.4 (below).
+        ("cyclictest -t0", ["--threads", "1-4096"]),
+        ("cyclictest -p -5", ["--priority", "0-99"]),
         ("cyclictest -p 100", ["--priority", "0-99"]),
         ("cyclictest -i 0", ["--interval", "1-10000000"]),
         ("cyclictest -h 0", ["--histogram", "1-4294967295"]),
         ("cyclictest -c 2", ["--clock", "0-1"]),
         ("cyclictest -D y2", ["--duration", "1ms to 7d"]),
-        ("cyclictest -a x", ["--affinity x", "not a CPU number"]),
+        ("cyclictest -ax", ["--affinity x", "not a CPU number"]),
         (
             "cyclictest --policy deadline",
             ["--policy deadline", "fifo, rr"],

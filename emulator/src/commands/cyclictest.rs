@@ -203,6 +203,10 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
 
     let start_time = rt::rt_timestamp();
     let mut warnings = Warnings::default();
+    // 2.4 says it once more while it parses `-a`, when `-v` came before it.
+    if args.verbose && args.verbose_before_affinity && explicit_set {
+        println!("Using {} cpus.", set.len());
+    }
     if args.verbose {
         println!("Max CPUs = {}", cpus.allowed.last().map_or(0, |c| c + 1));
         println!("Online CPUs = {}", cpus.allowed.len());
@@ -250,7 +254,12 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
             if explicit_set {
                 println!("Thread {i} using cpu {}.", s.cpu);
             }
-            println!("Thread {i} Interval: {}", s.interval.as_micros());
+            // As 2.4 prints it: after it has added the distance for the next thread, so the
+            // figure is this thread's interval plus one distance (the thread runs at its own).
+            println!(
+                "Thread {i} Interval: {}",
+                s.interval.as_micros() as u64 + distance
+            );
         }
     }
     let fifo = args.fifo.as_deref().map(Fifo::create).transpose()?;
