@@ -262,6 +262,8 @@ pub struct RunArgs {
 /// one second, 32 buckets of 1 us, a one-second pre-heat), plus ours after them.
 #[derive(Debug, Clone, Args)]
 #[command(infer_long_args = true, next_help_heading = "Available options")]
+// As getopt: a required argument is the next word, dash or not (`-T -3`).
+#[command(mut_args(getopt_required_argument))]
 // The drain workload under a name of its own: `-w/--workload` is oslat's.
 #[command(mut_arg("workload", |a| a.short(None).long("drain-workload").alias(None)))]
 pub struct OslatArgs {
@@ -337,16 +339,10 @@ pub struct OslatArgs {
     infer_long_args = true,
     next_help_heading = "Available options"
 )]
-// getopt hands a required argument the next word whatever it is (`-p -5`), so that the value
-// reaches its range check instead of being taken for an option.
+// As getopt: a required argument is the next word, dash or not (`-p -5`).
 // Our drain workload has no short letter here: a future cyclictest may take -w.
 #[command(mut_arg("workload", |a| a.short(None)))]
-#[command(mut_args(|a| {
-    let required = matches!(a.get_action(), ArgAction::Set)
-        && !a.is_positional()
-        && a.get_num_args().is_none_or(|n| n.min_values() >= 1);
-    a.allow_hyphen_values(required)
-}))]
+#[command(mut_args(getopt_required_argument))]
 pub struct CyclictestArgs {
     /// Pin thread N to the Nth allowed CPU; with a CPU set, to its CPUs in turn (e.g. 1, 0-1,
     /// all). Without a value: all allowed CPUs.
@@ -532,6 +528,16 @@ pub fn run_length(raw: &str) -> Result<RunLength, String> {
     duration_value(raw).map(RunLength::For)
 }
 
+/// getopt gives an option's required argument the next word whatever it is (`-p -5`), so that
+/// the value reaches its range check instead of being taken for an option: the drop-ins' options
+/// that take a value take it so too.
+fn getopt_required_argument(a: clap::Arg) -> clap::Arg {
+    let required = matches!(a.get_action(), ArgAction::Set)
+        && !a.is_positional()
+        && a.get_num_args().is_none_or(|n| n.min_values() >= 1);
+    a.allow_hyphen_values(required)
+}
+
 /// A value parser for oslat's `-w`: its busy-loop workloads only, as oslat takes them. The
 /// drain workloads are `--drain-workload`; the refusal says so.
 pub fn loop_workload(raw: &str) -> Result<String, String> {
@@ -611,6 +617,12 @@ pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
                 format!("Illegal runtime: {value}")
             } else if arg.starts_with("--bucket-size") {
                 format!("Illegal bucket size: {value} (should be: 4-1024)")
+            } else if arg.starts_with("--rtprio") {
+                format!("Illegal RT priority: {value} (should be: 1-99)")
+            } else if arg.starts_with("--trace-threshold") {
+                "Parameter --trace-threshold needs to be positive".to_string()
+            } else if arg.starts_with("--workload-mem") {
+                format!("Unknown workload memory size '{value}'.\n")
             } else if arg.starts_with("--workload ") {
                 // oslat's own line, and the blank line it ends with.
                 format!("Unknown workload '{value}'.  Please choose from: 'no', 'memmove'\n")

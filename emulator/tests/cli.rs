@@ -210,6 +210,27 @@ fn oslat_refuses_as_oslat_does() {
             "oslat V 2.40\nIllegal bucket size: 2000 (should be: 4-1024)\n",
             "4-1024",
         ),
+        (
+            "oslat -f abc",
+            "oslat V 2.40\nIllegal RT priority: abc (should be: 1-99)\n",
+            "1-99",
+        ),
+        (
+            "oslat -T -3",
+            "oslat V 2.40\nParameter --trace-threshold needs to be positive\n",
+            "1-10000000",
+        ),
+        (
+            "oslat -m 5Q",
+            "oslat V 2.40\nUnknown workload memory size '5Q'.\n\n",
+            "1B-1G",
+        ),
+        ("oslat -c x", "oslat V 2.40\n", "--cpu-list x"),
+        (
+            "oslat -C 999",
+            "oslat V 2.40\nIllegal core for main thread: 999 (should be: 0-",
+            "--cpu-main-thread 999",
+        ),
         // Issue 25 class 6: oslat's -w takes oslat's workloads only; ours have a long name
         // of their own, and -W (ours, a bucket width) is no longer a short option.
         (

@@ -35,12 +35,22 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         return Ok(());
     }
     let cpus = Cpus::read()?;
+    // A refused CPU comes after oslat's version line, as oslat prints it (and for -C its own
+    // line, with its range as 2.4 writes it); our reason follows on stderr.
     let measured = match &args.cpu_list {
-        Some(list) => validate::cpu_list("--cpu-list", list, &cpus.allowed)?,
+        Some(list) => validate::cpu_list("--cpu-list", list, &cpus.allowed).inspect_err(|_| {
+            println!("oslat V {RT_TESTS_VERSION}");
+        })?,
         None => cpus.allowed.clone(),
     };
     let main_cpu = match &args.cpu_main_thread {
-        Some(raw) => Some(validate::cpu("--cpu-main-thread", raw, &cpus.allowed)?),
+        Some(raw) => Some(
+            validate::cpu("--cpu-main-thread", raw, &cpus.allowed).inspect_err(|_| {
+                println!("oslat V {RT_TESTS_VERSION}");
+                let top = cpus.allowed.last().map_or(0, |c| c + 1);
+                println!("Illegal core for main thread: {raw} (should be: 0-{top})");
+            })?,
+        ),
         // oslat's default: cpu 0 (when the process may run there).
         None => cpus.allowed.contains(0).then_some(0),
     };
