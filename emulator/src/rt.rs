@@ -301,6 +301,18 @@ pub fn process_gone(pid: u32) -> bool {
     pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// The pid in a name `<prefix><pid>` (a path's last part) when that process no longer exists:
+/// what a run killed before it could clean up left behind.
+pub fn stale_pid(path: &std::path::Path, prefix: &str) -> Option<u32> {
+    let pid: u32 = path
+        .file_name()?
+        .to_str()?
+        .strip_prefix(prefix)?
+        .parse()
+        .ok()?;
+    process_gone(pid).then_some(pid)
+}
+
 /// Whether the process's effective capabilities include `CAP_IPC_LOCK` (bit 14 of `CapEff`),
 /// which lifts the memory-lock limit.
 fn has_cap_ipc_lock() -> bool {

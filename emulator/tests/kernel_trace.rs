@@ -350,6 +350,67 @@ fn what_a_killed_run_left_is_removed_by_the_next() {
     );
 }
 
+/// The same for kernel-memcg's memory cgroup: a run killed with SIGKILL leaves
+/// `qpw-emu-<pid>` in the memory hierarchy (its filler leaves it when its stdin closes); the
+/// next kernel-memcg run removes it and says so.
+#[test]
+fn a_killed_runs_memory_cgroup_is_removed_by_the_next() {
+    let _one_at_a_time = live();
+    let test = "a_killed_runs_memory_cgroup_is_removed_by_the_next";
+    if !is_root() {
+        eprintln!("{test}: skipped: kernel-memcg needs root");
+        return;
+    }
+    if !two_cpus(test) {
+        return;
+    }
+    let cgroup = |pid: u32| {
+        leftovers(pid)
+            .into_iter()
+            .find(|l| l.ends_with(&format!("qpw-emu-{pid}")) && !l.contains("instances"))
+    };
+    let load = |seconds: &str| {
+        let mut c = emu();
+        c.args(["load", "--workload", "kernel-memcg", "-D", seconds]);
+        c
+    };
+    let probe = load("1").output().unwrap();
+    if !probe.status.success() {
+        eprintln!(
+            "{test}: skipped: kernel-memcg does not run here: {}",
+            String::from_utf8_lossy(&probe.stderr)
+        );
+        return;
+    }
+    let mut child = load("60")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let start = Instant::now();
+    while cgroup(pid).is_none() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: `kill` with a valid pid of our own child and a signal number.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let left = cgroup(pid);
+    assert!(left.is_some(), "SIGKILL left no memory cgroup to clean up?");
+    let out = load("1").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "removed the memory cgroup {} left by a run (pid {pid})",
+            left.unwrap_or_default()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(cgroup(pid), None, "the killed run's cgroup is gone");
+}
+
 fn wait(mut child: std::process::Child, limit: Duration) -> Output {
     let start = Instant::now();
     while child.try_wait().unwrap().is_none() {

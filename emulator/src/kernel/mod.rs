@@ -231,6 +231,7 @@ impl MemCgroup {
                 );
             }
         }
+        remove_stale_cgroups(&root);
         let dir = root.join(format!("qpw-emu-{}", std::process::id()));
         std::fs::create_dir(&dir)
             .with_context(|| format!("cannot create the memory cgroup {}", dir.display()))?;
@@ -274,6 +275,35 @@ impl Drop for MemCgroup {
     fn drop(&mut self) {
         // The filler has left (it was killed and reaped first); an emptied cgroup can go.
         remove_cgroup(&self.dir);
+    }
+}
+
+/// Removes the memory cgroups `qpw-emu-<pid>` under `root` of runs that were killed before
+/// they could remove them (their process is gone), saying so on stderr. A killed run's filler
+/// leaves its cgroup when it sees its stdin close, so a cgroup still busy is given a second.
+fn remove_stale_cgroups(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let dir = e.path();
+        let Some(pid) = crate::rt::stale_pid(&dir, "qpw-emu-") else {
+            continue;
+        };
+        remove_cgroup(&dir);
+        if dir.exists() {
+            eprintln!(
+                "qpw-emu: cannot remove the memory cgroup {} left by a run (pid {pid}) that \
+                 ended without removing it: it still holds a task (see its cgroup.procs)",
+                dir.display()
+            );
+        } else {
+            eprintln!(
+                "qpw-emu: removed the memory cgroup {} left by a run (pid {pid}) that ended \
+                 without removing it",
+                dir.display()
+            );
+        }
     }
 }
 

@@ -61,7 +61,8 @@ impl Mount {
             let mut f = l.split(' ');
             let (_dev, dir, kind) = (f.next()?, f.next()?, f.next()?);
             let dir = PathBuf::from(dir.replace("\\040", " "));
-            (kind == "tracefs" && stale_pid(&dir, "qpw-emu-tracefs-").is_none()).then_some(dir)
+            (kind == "tracefs" && crate::rt::stale_pid(&dir, "qpw-emu-tracefs-").is_none())
+                .then_some(dir)
         });
         if let Some(path) = found {
             if path.join("instances").is_dir() {
@@ -102,18 +103,6 @@ impl Mount {
     }
 }
 
-/// The pid in a name `<prefix><pid>` (a path's last part) when that process no longer exists:
-/// what a run killed before it could clean up left behind.
-fn stale_pid(path: &Path, prefix: &str) -> Option<u32> {
-    let pid: u32 = path
-        .file_name()?
-        .to_str()?
-        .strip_prefix(prefix)?
-        .parse()
-        .ok()?;
-    crate::rt::process_gone(pid).then_some(pid)
-}
-
 /// Removes what runs that were killed before they could clean up left behind: tracefs
 /// instances `qpw-emu-<pid>` under `mount` and private tracefs mounts `qpw-emu-tracefs-<pid>`
 /// of processes that no longer exist. Returns a line for each thing removed.
@@ -122,7 +111,7 @@ fn remove_stale(mount: &Path) -> Vec<String> {
     if let Ok(dir) = fs::read_dir(mount.join("instances")) {
         for e in dir.flatten() {
             let path = e.path();
-            if let Some(pid) = stale_pid(&path, "qpw-emu-") {
+            if let Some(pid) = crate::rt::stale_pid(&path, "qpw-emu-") {
                 // Nothing reads a dead process's instance, so it can go at once.
                 match fs::remove_dir(&path) {
                     Ok(()) => removed.push(format!(
@@ -145,7 +134,7 @@ fn remove_stale(mount: &Path) -> Vec<String> {
             continue;
         }
         let dir = PathBuf::from(f[1].replace("\\040", " "));
-        if let Some(pid) = stale_pid(&dir, "qpw-emu-tracefs-") {
+        if let Some(pid) = crate::rt::stale_pid(&dir, "qpw-emu-tracefs-") {
             unmount(&dir);
             removed.push(format!(
                 "unmounted the tracefs mount {} left by a run (pid {pid}) that ended without \
