@@ -374,13 +374,39 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
             opt(r.stalls, |v| v.to_string()),
         );
     }
+    let _ = writeln!(
+        s,
+        "max, p99-p99.99: the longest gap (or latency) and the percentiles of all of them, in \
+         us; on a virtual machine a maximum of milliseconds is mostly the host running \
+         something else (the vCPU's steal time in /proc/stat), which no mode changes"
+    );
+    if rows
+        .iter()
+        .any(|r| r.interruptions.is_some() || r.excess_per_drain.is_some())
+    {
+        let _ = writeln!(
+            s,
+            "interrupt: gaps at or above the threshold over the scenario (per s: the same per \
+             second); per drain: the interruptions beyond the idle baseline's rate, per drain \
+             that reached the target (the median of the rounds, ± its standard error with two \
+             rounds or more; left out where a round has few drains)"
+        );
+    }
+    if rows.iter().any(|r| r.drains.is_some()) {
+        let _ = writeln!(
+            s,
+            "requester: drains made, the time each took (p50, p99, max, in us, from the call to \
+             its return) and stalls (drains that waited --stall-threshold or longer)"
+        );
+    }
     if rows.iter().any(|r| r.preemptions_per_drain.is_some()) {
         let _ = writeln!(
             s,
             "switch: the probe thread's context switches per drain that reached the target, \
              involuntary (preempted) plus voluntary (it slept: on its CPU's lock while a drain \
-             held it, for instance); a vCPU not running does not count: queue mode about 1, \
-             remote and fenced about 0"
+             held it, for instance); a vCPU not running does not count: queue mode 1 to 2 (the \
+             worker's wake-up, and a sleep where the probe then finds the worker holding its \
+             lock), remote and fenced about 0"
         );
     }
     if rows.iter().any(|r| r.local_op_ns.is_some()) {
@@ -755,6 +781,8 @@ mod tests {
                 excess_per_drain: Some(0.95),
                 excess_per_drain_se: Some(0.17),
                 local_op_ns: Some(41.0),
+                interruptions: Some(1200),
+                drains: Some(1000),
                 ..Row::default()
             },
             Row {
@@ -788,6 +816,17 @@ mod tests {
             t.contains("to the nanosecond") && !t.contains("10 ns steps"),
             "{t}"
         );
+        // Every column has its line: the target's, the excess, the requester's, the switches.
+        for note in [
+            "max, p99-p99.99: the longest gap",
+            "steal time",
+            "interrupt: gaps at or above the threshold",
+            "per drain: the interruptions beyond the idle baseline's rate",
+            "requester: drains made",
+            "switch: the probe thread's context switches",
+        ] {
+            assert!(t.contains(note), "`{note}` not in:\n{t}");
+        }
         // Without a kernel row, no kernel note.
         let t = table(&recorded()[..1], Some(1), Some(5000));
         assert!(!t.contains("kernel-* rows"), "{t}");
