@@ -687,23 +687,7 @@ pub fn recover_stale() -> Vec<String> {
 
 fn recover_stale_in(state_dir: &Path) -> Vec<String> {
     let mut lines = Vec::new();
-    let Ok(dir) = std::fs::read_dir(state_dir) else {
-        return lines;
-    };
-    for e in dir.flatten() {
-        let path = e.path();
-        let Some(pid) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("isolation-"))
-            .and_then(|n| n.strip_suffix(".json"))
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !crate::rt::process_gone(pid) {
-            continue;
-        }
+    for (path, pid) in crate::rt::stale_entries(state_dir, "isolation-", ".json") {
         let Ok(s) = std::fs::read_to_string(&path)
             .map_err(anyhow::Error::from)
             .and_then(|t| serde_json::from_str::<Saved>(&t).map_err(Into::into))

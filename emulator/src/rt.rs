@@ -301,16 +301,41 @@ pub fn process_gone(pid: u32) -> bool {
     pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+/// The pid in a name `<prefix><pid><suffix>` (a path's last part).
+fn pid_in_name(path: &std::path::Path, prefix: &str, suffix: &str) -> Option<u32> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix(prefix)?
+        .strip_suffix(suffix)?
+        .parse()
+        .ok()
+}
+
 /// The pid in a name `<prefix><pid>` (a path's last part) when that process no longer exists:
 /// what a run killed before it could clean up left behind.
 pub fn stale_pid(path: &std::path::Path, prefix: &str) -> Option<u32> {
-    let pid: u32 = path
-        .file_name()?
-        .to_str()?
-        .strip_prefix(prefix)?
-        .parse()
-        .ok()?;
-    process_gone(pid).then_some(pid)
+    pid_in_name(path, prefix, "").filter(|&pid| process_gone(pid))
+}
+
+/// The entries of `dir` named `<prefix><pid><suffix>` whose process no longer exists, with
+/// that pid: what runs killed before they could clean up left there (none when `dir` cannot
+/// be read).
+pub fn stale_entries(
+    dir: &std::path::Path,
+    prefix: &str,
+    suffix: &str,
+) -> Vec<(std::path::PathBuf, u32)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let path = e.path();
+            let pid = pid_in_name(&path, prefix, suffix)?;
+            process_gone(pid).then_some((path, pid))
+        })
+        .collect()
 }
 
 /// Whether the process's effective capabilities include `CAP_IPC_LOCK` (bit 14 of `CapEff`),

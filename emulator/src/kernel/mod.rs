@@ -282,14 +282,7 @@ impl Drop for MemCgroup {
 /// they could remove them (their process is gone), saying so on stderr. A killed run's filler
 /// leaves its cgroup when it sees its stdin close, so a cgroup still busy is given a second.
 fn remove_stale_cgroups(root: &Path) {
-    let Ok(entries) = std::fs::read_dir(root) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let dir = e.path();
-        let Some(pid) = crate::rt::stale_pid(&dir, "qpw-emu-") else {
-            continue;
-        };
+    for (dir, pid) in crate::rt::stale_entries(root, "qpw-emu-", "") {
         remove_cgroup(&dir);
         if dir.exists() {
             eprintln!(

@@ -108,23 +108,18 @@ impl Mount {
 /// of processes that no longer exist. Returns a line for each thing removed.
 fn remove_stale(mount: &Path) -> Vec<String> {
     let mut removed = Vec::new();
-    if let Ok(dir) = fs::read_dir(mount.join("instances")) {
-        for e in dir.flatten() {
-            let path = e.path();
-            if let Some(pid) = crate::rt::stale_pid(&path, "qpw-emu-") {
-                // Nothing reads a dead process's instance, so it can go at once.
-                match fs::remove_dir(&path) {
-                    Ok(()) => removed.push(format!(
-                        "removed the tracefs instance {} left by a run (pid {pid}) that ended \
-                         without removing it",
-                        path.display()
-                    )),
-                    Err(e) => removed.push(format!(
-                        "cannot remove the tracefs instance {} left by pid {pid}: {e}",
-                        path.display()
-                    )),
-                }
-            }
+    for (path, pid) in crate::rt::stale_entries(&mount.join("instances"), "qpw-emu-", "") {
+        // Nothing reads a dead process's instance, so it can go at once.
+        match fs::remove_dir(&path) {
+            Ok(()) => removed.push(format!(
+                "removed the tracefs instance {} left by a run (pid {pid}) that ended without \
+                 removing it",
+                path.display()
+            )),
+            Err(e) => removed.push(format!(
+                "cannot remove the tracefs instance {} left by pid {pid}: {e}",
+                path.display()
+            )),
         }
     }
     let mounts = fs::read_to_string("/proc/mounts").unwrap_or_default();
