@@ -1,7 +1,8 @@
 //! A thread that holds a CPU's lock and asks for it again (issue 24): in debug builds every
 //! guard records its thread and call site, and the second request is an [`Error::Reentrant`]
-//! naming the CPU and both call sites instead of a wait for itself. Each case runs under a watchdog: on the code before the check
-//! it hung (remote and fenced mode, and queue mode for a second `lock` in the worker).
+//! naming the CPU and both call sites instead of a wait for itself. Each case runs under a
+//! watchdog: on the code before the check it hung (remote and fenced mode, and queue mode for
+//! a second `lock` in the worker), and so does the test of every lock kind.
 //!
 //! (a) work that holds its CPU's lock through `lock_work` and calls `lock(ctx.cpu())`;
 //! (b) work that holds it and queues itself on `ctx.cpu()`: in remote and fenced mode the
@@ -162,4 +163,42 @@ fn a_released_lock_or_another_threads_hold_is_no_reentry() {
     // Held by the other thread: this waits for it rather than being refused.
     assert_eq!(*state.lock(cpu).unwrap(), 1);
     other.join().unwrap();
+}
+
+/// The record is kept by the per-CPU slot, not by the lock, so every lock kind refuses a
+/// second request of its holder: each of the four under a worker of a queue-mode CPU (the one
+/// mode every kind works in; `RseqLock` may only be taken by its own CPU's threads), holding
+/// the slot through `lock_work` and asking again through `lock_local`.
+#[test]
+fn every_lock_kind_refuses_its_holder() {
+    fn case<L: qpw_core::RawLocalLock + Send + Sync + 'static>(kind: &'static str) {
+        let what = format!("{kind}, lock_local inside lock_work");
+        let again = watched(&what.clone(), move || {
+            let qpw = Qpw::with_policy(Policy::Queue).unwrap();
+            let cpu = qpw.cpus().iter().last().unwrap();
+            let state: PerCpu<u64, L> = qpw.per_cpu_with::<L, _>(|_| 0).unwrap();
+            let seen = Arc::new(Mutex::new(None));
+            let work = {
+                let (state, seen) = (state.clone(), seen.clone());
+                qpw.work(move |ctx| {
+                    let _held = state.lock_work(ctx).unwrap();
+                    let again = state.lock_local().map(|_| ());
+                    *seen.lock().unwrap() = Some((ctx.cpu(), again));
+                })
+                .unwrap()
+            };
+            work.queue_on(cpu).unwrap();
+            work.flush(cpu).unwrap();
+            let again = seen.lock().unwrap().take();
+            again
+        });
+        match again {
+            Some((cpu, Err(Error::Reentrant { cpu: c, .. }))) => assert_eq!(c, cpu, "{what}"),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    case::<qpw_core::FairLock>("FairLock");
+    case::<qpw_core::RseqLock>("RseqLock");
+    case::<qpw_core::FencedLock>("FencedLock");
+    case::<qpw_core::PwLock>("PwLock");
 }
