@@ -289,7 +289,7 @@ fn qpw_fields(
         rt_throttling: None,
         isolation: None,
         load: outcome.map(|o| o.load.clone()),
-        stopped_by: interrupted.then(|| "interrupted (SIGINT)".to_string()),
+        stopped_by: interrupted.then(crate::signals::stopped_by),
         interrupted,
         warnings: warnings.list().to_vec(),
         trace: None,

@@ -895,7 +895,7 @@ impl Ctx {
                 .clone()
                 .filter(|_| acc.name != UNISOLATED),
             load: Some(acc.load.clone()),
-            stopped_by: acc.cut_short.then(|| "interrupted (SIGINT)".to_string()),
+            stopped_by: acc.cut_short.then(crate::signals::stopped_by),
             interrupted: acc.cut_short,
             warnings: self.warnings.list().to_vec(),
             trace: None,

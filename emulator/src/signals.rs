@@ -1,13 +1,19 @@
 //! Ctrl-C as rt-tests handles it, and one more: the first SIGINT or SIGTERM asks the run to stop
 //! (the probes finish, the summary and the JSON are written, the run is marked interrupted);
-//! a second one ends the process at once, after the exit hooks have put back what the run
-//! changed on the system.
+//! a second Ctrl-C (SIGINT) ends the process at once, after the exit hooks have put back what
+//! the run changed on the system.
+//!
+//! What counts as that second request: a Ctrl-C after the first, or a signal other than the
+//! first. Not a repeated SIGTERM: `timeout` and service managers send it to the process and
+//! then to its process group, so one request arrives twice, and a run asked to stop that way
+//! still writes its results. Nor the first signal again within [`SAME_REQUEST`] (`timeout -s
+//! INT`, the same double delivery).
 //!
 //! The signals are taken by a `signal-hook` thread, not by a handler, so that what they do is
 //! ordinary code: set the flag, wake the main thread (which sleeps in [`wait`] until the run's
 //! end, a signal, or a probe thread's [`wake`]), and on the second signal run the hooks.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -19,7 +25,10 @@ pub type ExitHook = Box<dyn Fn() + Send + Sync>;
 
 struct State {
     interrupted: AtomicBool,
-    signals_seen: AtomicUsize,
+    /// The first signal's number (0: none yet).
+    first: AtomicI32,
+    /// When the first signal came.
+    first_at: OnceLock<Instant>,
     /// Bumped by every wake-up, so a waiter can tell one happened.
     wakes: Mutex<u64>,
     wake: Condvar,
@@ -30,7 +39,8 @@ fn state() -> &'static State {
     static STATE: OnceLock<State> = OnceLock::new();
     STATE.get_or_init(|| State {
         interrupted: AtomicBool::new(false),
-        signals_seen: AtomicUsize::new(0),
+        first: AtomicI32::new(0),
+        first_at: OnceLock::new(),
         wakes: Mutex::new(0),
         wake: Condvar::new(),
         hooks: Mutex::new(Vec::new()),
@@ -39,6 +49,10 @@ fn state() -> &'static State {
 
 /// The exit status of a run ended by a second Ctrl-C (128 + SIGINT, as a shell reports it).
 pub const FORCED_EXIT: i32 = 130;
+
+/// The first signal again this soon after it is the same request delivered twice (to the
+/// process and to its group), not a second Ctrl-C.
+pub const SAME_REQUEST: Duration = Duration::from_millis(50);
 
 /// Starts taking SIGINT and SIGTERM (once per process; later calls do nothing). If the signals
 /// cannot be taken, they keep their default action (the process ends), and the caller is told.
@@ -51,24 +65,42 @@ pub fn install() -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("qpw-signals".into())
         .spawn(move || {
-            for _ in signals.forever() {
-                on_signal();
+            for signal in signals.forever() {
+                on_signal(signal);
             }
         })?;
     let _ = INSTALLED.set(());
     Ok(())
 }
 
-fn on_signal() {
+fn on_signal(signal: i32) {
     let s = state();
-    if s.signals_seen.fetch_add(1, Ordering::SeqCst) == 0 {
+    if s.first
+        .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst)
+        .is_ok()
+    {
+        let _ = s.first_at.set(Instant::now());
         s.interrupted.store(true, Ordering::SeqCst);
         wake();
+        return;
+    }
+    let first = s.first.load(Ordering::SeqCst);
+    let since_first = s.first_at.get().map_or(Duration::ZERO, Instant::elapsed);
+    if !forces_exit(first, signal, since_first) {
         return;
     }
     eprintln!("second interrupt: exiting now");
     run_exit_hooks();
     std::process::exit(FORCED_EXIT);
+}
+
+/// Whether `signal`, coming `since_first` after the `first`, ends the process at once (see the
+/// module docs).
+fn forces_exit(first: i32, signal: i32, since_first: Duration) -> bool {
+    if signal == SIGTERM && first == SIGTERM {
+        return false;
+    }
+    signal != first || since_first >= SAME_REQUEST
 }
 
 /// Runs the exit hooks (newest first) and forgets them.
@@ -92,6 +124,15 @@ pub fn on_forced_exit(hook: ExitHook) {
 /// Whether SIGINT or SIGTERM arrived.
 pub fn interrupted() -> bool {
     state().interrupted.load(Ordering::SeqCst)
+}
+
+/// What stopped the run, for its report: `interrupted (SIGINT)` or `interrupted (SIGTERM)`.
+pub fn stopped_by() -> String {
+    let name = match state().first.load(Ordering::SeqCst) {
+        SIGTERM => "SIGTERM",
+        _ => "SIGINT",
+    };
+    format!("interrupted ({name})")
 }
 
 /// Wakes a thread sleeping in [`wait`] (a probe thread that stopped early calls it).
@@ -130,4 +171,25 @@ pub fn wait(deadline: Option<Instant>) {
 /// [`wait`] for at most `span`.
 pub fn wait_for(span: Duration) {
     wait(Instant::now().checked_add(span));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn which_second_signal_forces_the_exit() {
+        let later = SAME_REQUEST * 4;
+        let at_once = Duration::from_millis(1);
+        // A second Ctrl-C.
+        assert!(forces_exit(SIGINT, SIGINT, later));
+        // The same Ctrl-C delivered to the process and to its group (`timeout -s INT`).
+        assert!(!forces_exit(SIGINT, SIGINT, at_once));
+        // `timeout`'s SIGTERM, twice, or a service manager's repeated one.
+        assert!(!forces_exit(SIGTERM, SIGTERM, at_once));
+        assert!(!forces_exit(SIGTERM, SIGTERM, later));
+        // Another signal than the first.
+        assert!(forces_exit(SIGINT, SIGTERM, at_once));
+        assert!(forces_exit(SIGTERM, SIGINT, at_once));
+    }
 }

@@ -137,3 +137,55 @@ fn a_second_signal_ends_the_run_at_once() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("second interrupt"), "{stderr}");
 }
+
+/// `timeout` sends its SIGTERM to the command and then to the command's process group, so the
+/// run gets it twice at once: that is one request to stop, and the results are still written
+/// (before, the second copy counted as a second Ctrl-C and the run ended with nothing).
+#[test]
+fn timeouts_double_sigterm_is_one_request_and_the_results_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("timeout")
+        .args([
+            "6",
+            assert_cmd::cargo::cargo_bin("qpw-emu").to_str().unwrap(),
+        ])
+        .args([
+            "run",
+            "-D",
+            "20s",
+            "--rounds",
+            "10",
+            "--workloads",
+            "counter",
+            "-q",
+        ])
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .expect("timeout(1) runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // 124: timeout's own status for a command it had to stop.
+    assert_eq!(out.status.code(), Some(124), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("second interrupt"), "{stderr}");
+    let summary = read_json(&dir.path().join("summary.json"));
+    assert_eq!(summary["interrupted"], true, "{stdout}");
+}
+
+/// The same double delivery, made certain: the second SIGTERM comes after the first has been
+/// taken. It is still one request; and the stop is reported as a SIGTERM.
+#[test]
+fn a_repeated_sigterm_stops_cleanly_and_is_named() {
+    let child = spawn(&["oslat", "-c", "1", "-D", "60", "-q"]);
+    std::thread::sleep(Duration::from_millis(1800));
+    signal(&child, libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(20));
+    signal(&child, libc::SIGTERM);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("# qpw-emu: interrupted (SIGTERM)"),
+        "{stderr}"
+    );
+}

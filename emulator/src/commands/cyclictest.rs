@@ -411,7 +411,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()),
     );
     if run.interrupted {
-        eprintln!("# qpw-emu: interrupted (SIGINT)");
+        eprintln!("# qpw-emu: {}", crate::signals::stopped_by());
     }
     let _ = std::io::stdout().flush();
     Ok(())

@@ -209,7 +209,8 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     );
     if run.interrupted {
         eprintln!(
-            "# qpw-emu: interrupted (SIGINT) after {:.3} s of {:.3} s",
+            "# qpw-emu: {} after {:.3} s of {:.3} s",
+            crate::signals::stopped_by(),
             run.threads.first().map_or(0.0, |t| t.duration_s),
             duration.as_secs_f64()
         );
