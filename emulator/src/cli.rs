@@ -261,7 +261,12 @@ pub struct RunArgs {
 /// `qpw-emu oslat`: every flag of rt-tests 2.4's `oslat --help`, with its defaults (all CPUs,
 /// one second, 32 buckets of 1 us, a one-second pre-heat), plus ours after them.
 #[derive(Debug, Clone, Args)]
-#[command(infer_long_args = true, next_help_heading = "Available options")]
+// A flag given twice takes its last value, as getopt's loop does (`-c 0 -c 1` is cpu 1).
+#[command(
+    infer_long_args = true,
+    args_override_self = true,
+    next_help_heading = "Available options"
+)]
 // As getopt: a required argument is the next word, dash or not (`-T -3`).
 #[command(mut_args(getopt_required_argument))]
 // The drain workload under a name of its own: `-w/--workload` is oslat's.
@@ -334,9 +339,11 @@ pub struct OslatArgs {
 /// `qpw-emu cyclictest`: every flag of rt-tests 2.4's `cyclictest --help`, with its defaults
 /// (one thread per -t on the allowed CPUs in turn, 1000 us, until Ctrl-C), plus ours after them.
 #[derive(Debug, Clone, Args)]
+// A flag given twice takes its last value, as getopt's loop does.
 #[command(
     disable_help_flag = true,
     infer_long_args = true,
+    args_override_self = true,
     next_help_heading = "Available options"
 )]
 // As getopt: a required argument is the next word, dash or not (`-p -5`).

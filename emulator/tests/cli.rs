@@ -305,6 +305,28 @@ fn stray_words_and_unknown_long_options_as_rt_tests_take_them() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("Usage:"));
 }
 
+/// A flag given twice takes its last value, as getopt's loop in both tools does (scripts add
+/// an override after their defaults); before, clap refused the second with exit 2.
+#[test]
+fn a_repeated_flag_takes_its_last_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let v = run_json(
+        dir.path(),
+        "o.json",
+        "oslat -c 0 -c 1 -D 100ms -D 200ms -q -q",
+        "Maximum",
+    );
+    assert_eq!(v["thread"]["0"]["cpu"], 1, "{v}");
+    let v = run_json(
+        dir.path(),
+        "c.json",
+        "cyclictest -l 5 -l 10 -a 0 -a 1 -q -q",
+        "T: 0",
+    );
+    assert_eq!(v["thread"]["0"]["cycles"], 10, "{v}");
+    assert_eq!(v["thread"]["0"]["cpu"], 1, "{v}");
+}
+
 /// cyclictest 2.4's refusals and order rules, as recorded from Debian's rt-tests 2.4 on this
 /// machine (issue 25 classes 4 and 5): wrappers check the exit status and grep these lines.
 #[test]
