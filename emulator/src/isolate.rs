@@ -651,9 +651,12 @@ fn undo(s: &Saved) -> Vec<String> {
         if known.contains(&tid) || task_flags(tgid) & PF_KTHREAD != 0 {
             continue; // restored above, or a kernel thread, whose affinity is the kernel's
         }
+        // Its own process's first saved thread, or its nearest saved ancestor's: a command
+        // started from a moved shell runs under subshells, `timeout` or `sudo` that started
+        // during the isolation too.
         let Some(first) = by_tgid
             .get(&tgid)
-            .or_else(|| parent(tgid).and_then(|p| by_tgid.get(&p)))
+            .or_else(|| ancestors(tgid).find_map(|p| by_tgid.get(&p)))
         else {
             continue;
         };
@@ -780,6 +783,14 @@ fn now_ticks() -> u64 {
 /// A process's parent.
 fn parent(tgid: i32) -> Option<i32> {
     stat_field(tgid, 1).and_then(|p| i32::try_from(p).ok())
+}
+
+/// A process's parent, its parent's parent, and so on up to (not including) pid 1.
+fn ancestors(tgid: i32) -> impl Iterator<Item = i32> {
+    // Bounded: a pid reused while we walk could make a cycle.
+    std::iter::successors(parent(tgid), |&p| parent(p))
+        .take_while(|&p| p > 1)
+        .take(64)
 }
 
 /// A thread's affinity.

@@ -298,7 +298,18 @@ fn proc_status(key: &str) -> Option<String> {
 /// Whether process `pid` has ended (and is not this one): what a run killed before it could
 /// clean up leaves behind is named after its pid.
 pub fn process_gone(pid: u32) -> bool {
-    pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    if pid == std::process::id() {
+        return false;
+    }
+    // A killed process stays a zombie until its parent reaps it: gone all the same (its
+    // clean-up cannot run any more).
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rfind(')')
+            .and_then(|end| stat.get(end + 2..end + 3))
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
 }
 
 /// The pid in a name `<prefix><pid><suffix>` (a path's last part).

@@ -326,4 +326,39 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
         stderr.contains("ended without restoring what --isolate changed: put back now"),
         "{stderr}"
     );
+
+    // The same, as a user meets it: the killed run not reaped yet (a zombie), and the next
+    // command, without --isolate, started from this (moved) process through a shell and
+    // `timeout`, which began during the isolation and so have the narrowed mask too. It must
+    // put everything back, itself included, and run on the measured CPU.
+    let mut child = run("60").spawn().unwrap();
+    wait_isolated(&mut child, cpu);
+    signal(&child, libc::SIGKILL);
+    let stat = format!("/proc/{}/stat", child.id());
+    let start = Instant::now();
+    while !read(&stat).is_some_and(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z'))) {
+        assert!(
+            start.elapsed().as_secs() < 10,
+            "the killed run never became a zombie"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let emu_path = assert_cmd::cargo::cargo_bin("qpw-emu");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "exec timeout 60 '{}' oslat --cpu-list {cpu} -D 1 -q",
+            emu_path.display()
+        ))
+        .output()
+        .unwrap();
+    let _ = child.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("put back now"), "{stderr}");
+    assert_eq!(
+        changed(&before, &snapshot()),
+        Vec::<String>::new(),
+        "after a SIGKILL and a run through sh and timeout"
+    );
 }
