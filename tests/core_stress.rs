@@ -56,7 +56,7 @@ fn stress(qpw: Qpw) {
                 let _bound = qpw.bind_current(cpu).unwrap();
                 for n in 0..ADDS_PER_THREAD {
                     // Mix blocking and non-blocking local acquisitions.
-                    if (n + i as u64) % 7 == 0 {
+                    if (n + i as u64).is_multiple_of(7) {
                         if let Some(mut slot) = counters.try_lock_local().unwrap() {
                             *slot += 1;
                             continue;

@@ -278,7 +278,7 @@ impl Churn {
     /// Before an operation: sometimes migrate, to one CPU or back to all of them.
     pub fn before_op(&mut self) {
         self.roll = self.rng.roll();
-        if self.moves && self.roll % 1024 == 0 {
+        if self.moves && self.roll.is_multiple_of(1024) {
             let target = self.pick(self.roll >> 20);
             let set = if self.roll & (1 << 40) != 0 {
                 qpw_core::CpuSet::from_iter([target])

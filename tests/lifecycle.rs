@@ -908,7 +908,7 @@ fn round(mut world: World, seed: u64) -> [usize; 3] {
     // only ones, and the last actor to drop its own stops the instance.
     let main = world.qpw.take().unwrap();
     let handles: Vec<Qpw> = (0..ACTORS).map(|_| main.clone()).collect();
-    let main = (seed % 2 == 0).then_some(main);
+    let main = seed.is_multiple_of(2).then_some(main);
     let world = Arc::new(world);
     let actors: Vec<_> = handles
         .into_iter()
@@ -924,7 +924,7 @@ fn round(mut world: World, seed: u64) -> [usize; 3] {
     let mut world = Arc::try_unwrap(world).unwrap_or_else(|_| panic!("seed {seed}: shared"));
     let cpus = world.cpus.clone();
     if let Some(main) = main {
-        if seed % 4 == 0 {
+        if seed.is_multiple_of(4) {
             let report = main.shutdown();
             reported.fetch_add(report.panicked.len(), Ordering::SeqCst);
         }

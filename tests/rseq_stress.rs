@@ -125,7 +125,7 @@ fn stress_rseq_lock_with_preemption_and_migration() {
                 let mut added = 0u64;
                 for n in 0..OPS_PER_THREAD {
                     churn.before_op();
-                    if (n + i as u64) % 5 == 0 {
+                    if (n + i as u64).is_multiple_of(5) {
                         if let Some(mut slot) = counters.try_lock_local().unwrap() {
                             *slot += 1;
                             added += 1;

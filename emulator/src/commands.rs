@@ -229,7 +229,7 @@ pub fn parse_mode(raw: &str) -> Result<Mode> {
 /// edge of the gap's 1 us slot (oslat 2.4: `floor(cycles / MHz) + 1`); else microseconds with
 /// three decimals.
 pub fn oslat_micros(ns: u64, width_ns: u64) -> Micros {
-    if width_ns % 1000 == 0 {
+    if width_ns.is_multiple_of(1000) {
         Micros::Whole(ns / 1000 + 1)
     } else {
         Micros::Frac((ns as f64 / 1000.0 * 1000.0).round() / 1000.0)

@@ -666,7 +666,7 @@ fn thread_main(
         t.hist.record(diff * unit);
         live.cycles.store(t.cycles, Ordering::Release);
         if let (Some(op), Some(every)) = (&cfg.local_op, op_every) {
-            if t.cycles % every == 0 {
+            if t.cycles.is_multiple_of(every) {
                 match op.workload.process_op() {
                     Ok(()) => t.local_ops += 1,
                     Err(_) => t.local_op_errors += 1,

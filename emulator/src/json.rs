@@ -365,7 +365,7 @@ impl Buckets {
         let last = hist.buckets() - 1;
         let label = |i: usize| {
             let edge = (i as u64 + 1) * w;
-            if w % 1000 == 0 {
+            if w.is_multiple_of(1000) {
                 (edge / 1000).to_string()
             } else {
                 format!("{:.3}", edge as f64 / 1000.0)

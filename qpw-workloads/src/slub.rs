@@ -548,7 +548,7 @@ impl Workload for Slub {
                 pcs.tasks.push_back(object);
             }
         } else if let Some(object) = pcs.tasks.pop_front() {
-            if n % 4 == 0 {
+            if n.is_multiple_of(4) {
                 self.kfree_rcu_locked(&mut pcs, object);
             } else {
                 self.free_locked(&mut pcs, object);
