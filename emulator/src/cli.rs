@@ -921,7 +921,8 @@ pub struct PoolArgs {
     /// hackbench messages per sender per receiver, 1-100000 (default 200).
     #[arg(long, value_name = "N", allow_hyphen_values = true)]
     pub loops: Option<String>,
-    /// What the messages travel through: pipe (default, as in seed 004) or socketpair.
+    /// What the messages travel through: pipe (default, as in the hackbench runs of the LKML
+    /// thread "sched: Fix performance regression introduced by mm_cid", 2023) or socketpair.
     #[arg(long, value_name = "KIND", allow_hyphen_values = true)]
     pub transport: Option<String>,
     /// Print only the table.

@@ -399,6 +399,13 @@ pub fn print_requester(o: &Outcome) {
             eprintln!("# qpw-emu   first drain error: {e}");
         }
     }
+    if o.kernel_workload {
+        eprintln!(
+            "# qpw-emu load: the kernel's own drains, no process-context load; which of them \
+             reached the measured CPU only a trace shows (--trace, or qpw-emu trace beside)"
+        );
+        return;
+    }
     eprintln!(
         "# qpw-emu load: {} process-context ops on cpu(s) {} ({} errors); {} drains reached the measured CPU",
         o.load.ops, o.load.cpus, o.load.errors, o.target_drains

@@ -72,6 +72,9 @@ pub struct Outcome {
     pub load: LoadReport,
     /// Drains of the target CPU during the run (queued to it or run under its lock).
     pub target_drains: u64,
+    /// A kernel workload: the drains are the kernel's, and only the trace can tell which of
+    /// them reached the target (`target_drains` is 0).
+    pub kernel_workload: bool,
     /// The workload's conservation check after the run.
     pub conservation: Result<(), String>,
 }
@@ -186,6 +189,7 @@ impl Setup {
                     requester: requester.map(|r| r.0),
                     load,
                     target_drains: 0,
+                    kernel_workload: true,
                     conservation: Ok(()),
                 });
             }
@@ -209,6 +213,7 @@ impl Setup {
             requester_hist,
             load,
             target_drains,
+            kernel_workload: false,
             conservation,
         })
     }
