@@ -1020,6 +1020,16 @@ mod tests {
         lru.check_conservation().unwrap();
     }
 
+    /// Drops one folio from cpu 0's batch: the conservation check must find it lost.
+    fn assert_one_lost_from_the_batch(lru: &Lru) {
+        let mut fb = lru.shared.fbatches.lock(0).unwrap();
+        fb.lru_add.pop();
+        lru.shared.publish(0, &fb);
+        drop(fb);
+        let err = lru.check_conservation().unwrap_err();
+        assert!(err.contains("1 are lost"), "{err}");
+    }
+
     #[test]
     fn conservation_catches_a_lost_folio() {
         let qpw = remote(1);
@@ -1027,12 +1037,7 @@ mod tests {
         let _bound = qpw.bind_current(0).unwrap();
         lru.folio_add_lru().unwrap();
         lru.folio_add_lru().unwrap();
-        let mut fb = lru.shared.fbatches.lock(0).unwrap();
-        fb.lru_add.pop();
-        lru.shared.publish(0, &fb);
-        drop(fb);
-        let err = lru.check_conservation().unwrap_err();
-        assert!(err.contains("1 are lost"), "{err}");
+        assert_one_lost_from_the_batch(&lru);
     }
 
     #[test]
@@ -1083,12 +1088,7 @@ mod tests {
         assert_eq!((lru.lru_len(), lru.batch_lens()), (8, vec![(0, 2)]));
         lru.check_conservation().unwrap();
         // A folio lost from a batch is still found missing.
-        let mut fb = lru.shared.fbatches.lock(0).unwrap();
-        fb.lru_add.pop();
-        lru.shared.publish(0, &fb);
-        drop(fb);
-        let err = lru.check_conservation().unwrap_err();
-        assert!(err.contains("1 are lost"), "{err}");
+        assert_one_lost_from_the_batch(&lru);
     }
 
     #[test]
