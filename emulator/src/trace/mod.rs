@@ -68,10 +68,7 @@ impl Session {
         let clock = self.instance.clock.clone();
         let missing_events = self.instance.missing_events.clone();
         let (gathered, lost_by_stats) = self.instance.stop()?;
-        let mut timeline = Timeline::new();
-        for e in &gathered.events {
-            timeline.push(e);
-        }
+        let mut timeline = gathered.timeline;
         timeline.finish();
         Ok(Traced {
             lost_events: timeline.lost_events.max(lost_by_stats),
