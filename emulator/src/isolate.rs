@@ -261,7 +261,12 @@ fn persist(s: &Saved, file: &Option<PathBuf>) {
         if let (Some(dir), Ok(text)) = (f.parent(), serde_json::to_string(s)) {
             // Made again if a recovery removed it meanwhile.
             let _ = std::fs::create_dir_all(dir);
-            let _ = std::fs::write(f, text);
+            // Written aside and renamed over: a SIGKILL during a plain write left an empty
+            // file, and the next run could undo nothing (seen in the root test).
+            let aside = f.with_extension("json.tmp");
+            if std::fs::write(&aside, text).is_ok() {
+                let _ = std::fs::rename(&aside, f);
+            }
         }
     }
 }
@@ -690,12 +695,27 @@ pub fn recover_stale() -> Vec<String> {
 
 fn recover_stale_in(state_dir: &Path) -> Vec<String> {
     let mut lines = Vec::new();
+    // A record half written when its run was killed: the renamed one beside it is whole.
+    for (aside, _) in crate::rt::stale_entries(state_dir, "isolation-", ".json.tmp") {
+        let _ = std::fs::remove_file(aside);
+    }
     for (path, pid) in crate::rt::stale_entries(state_dir, "isolation-", ".json") {
-        let Ok(s) = std::fs::read_to_string(&path)
+        let s = match std::fs::read_to_string(&path)
             .map_err(anyhow::Error::from)
             .and_then(|t| serde_json::from_str::<Saved>(&t).map_err(Into::into))
-        else {
-            continue;
+        {
+            Ok(s) => s,
+            Err(e) => {
+                lines.push(format!(
+                    "a run (pid {pid}) ended without restoring what --isolate changed, and its \
+                     record {} cannot be read ({e}): check by hand {WQ_CPUMASK}, \
+                     {PROC_IRQ}/*/smp_affinity_list, the cpuset hierarchy and the CPU \
+                     affinities of running processes (taskset -p)",
+                    path.display()
+                ));
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
         };
         let problems = undo(&s);
         lines.push(format!(
@@ -932,6 +952,38 @@ mod tests {
         assert!(undo(&s).is_empty());
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "first");
         assert!(!made.exists());
+    }
+
+    #[test]
+    fn a_record_is_replaced_whole_and_a_broken_one_is_named_not_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        // A process that has ended: its records are stale.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let record = dir.path().join(format!("isolation-{dead}.json"));
+        let s = Saved {
+            pid: dead,
+            ..Saved::default()
+        };
+        persist(&s, &Some(record.clone()));
+        // Renamed into place, nothing left aside.
+        let read: Saved = serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+        assert_eq!(read.pid, dead);
+        assert!(!record.with_extension("json.tmp").exists());
+
+        // What a kill in the middle of a plain write used to leave: an empty record, and a
+        // half-written one aside.
+        std::fs::write(&record, "").unwrap();
+        std::fs::write(record.with_extension("json.tmp"), "{\"pid\":").unwrap();
+        let lines = recover_stale_in(dir.path());
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains("cannot be read") && lines[0].contains("by hand"),
+            "{lines:?}"
+        );
+        // Both gone, and with them the emptied directory.
+        assert!(!dir.path().exists());
     }
 
     #[test]
