@@ -6,6 +6,18 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A default run long enough to be interrupted: ten rounds of 20 s of the cheapest workload.
+const LONG_RUN: [&str; 8] = [
+    "run",
+    "-D",
+    "20s",
+    "--rounds",
+    "10",
+    "--workloads",
+    "counter",
+    "-q",
+];
+
 fn spawn(args: &[&str]) -> Child {
     Command::new(assert_cmd::cargo::cargo_bin("qpw-emu"))
         .args(args)
@@ -81,18 +93,7 @@ fn cyclictest_without_duration_runs_until_ctrl_c() {
 fn run_ctrl_c_marks_the_table_and_the_summary() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().to_str().unwrap();
-    let child = spawn(&[
-        "run",
-        "-D",
-        "20s",
-        "--rounds",
-        "10",
-        "--workloads",
-        "counter",
-        "-q",
-        "--out",
-        out_dir,
-    ]);
+    let child = spawn(&[LONG_RUN.as_slice(), &["--out", out_dir]].concat());
     // The idle scenario's first round is written; the next one is running.
     wait_for_file(&dir.path().join("idle.json"), Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(700));
@@ -117,18 +118,7 @@ fn run_ctrl_c_marks_the_table_and_the_summary() {
 fn a_second_signal_ends_the_run_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().to_str().unwrap();
-    let child = spawn(&[
-        "run",
-        "-D",
-        "20s",
-        "--rounds",
-        "10",
-        "--workloads",
-        "counter",
-        "-q",
-        "--out",
-        out_dir,
-    ]);
+    let child = spawn(&[LONG_RUN.as_slice(), &["--out", out_dir]].concat());
     wait_for_file(&dir.path().join("idle.json"), Duration::from_secs(30));
     signal(&child, libc::SIGINT);
     signal(&child, libc::SIGTERM);
@@ -149,16 +139,7 @@ fn timeouts_double_sigterm_is_one_request_and_the_results_are_written() {
             "6",
             assert_cmd::cargo::cargo_bin("qpw-emu").to_str().unwrap(),
         ])
-        .args([
-            "run",
-            "-D",
-            "20s",
-            "--rounds",
-            "10",
-            "--workloads",
-            "counter",
-            "-q",
-        ])
+        .args(LONG_RUN)
         .arg("--out")
         .arg(dir.path())
         .output()
