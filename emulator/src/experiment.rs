@@ -953,8 +953,12 @@ impl Ctx {
                 v.join(", ")
             }
         };
+        let by = match crate::signals::stop_signal() {
+            "SIGINT" => "Ctrl-C",
+            other => other,
+        };
         self.notes.push(format!(
-            "INTERRUPTED (Ctrl-C) in round {} of {}: cut short: {} (marked !); one round fewer \
+            "INTERRUPTED ({by}) in round {} of {}: cut short: {} (marked !); one round fewer \
              than the rest: {}; not run at all (no row): {}. Compare the modes only where both \
              ran the same rounds.",
             round + 1,

@@ -126,13 +126,18 @@ pub fn interrupted() -> bool {
     state().interrupted.load(Ordering::SeqCst)
 }
 
-/// What stopped the run, for its report: `interrupted (SIGINT)` or `interrupted (SIGTERM)`.
-pub fn stopped_by() -> String {
-    let name = match state().first.load(Ordering::SeqCst) {
+/// The signal that asked the run to stop: `SIGINT` (Ctrl-C; also before any came) or
+/// `SIGTERM`.
+pub fn stop_signal() -> &'static str {
+    match state().first.load(Ordering::SeqCst) {
         SIGTERM => "SIGTERM",
         _ => "SIGINT",
-    };
-    format!("interrupted ({name})")
+    }
+}
+
+/// What stopped the run, for its report: `interrupted (SIGINT)` or `interrupted (SIGTERM)`.
+pub fn stopped_by() -> String {
+    format!("interrupted ({})", stop_signal())
 }
 
 /// Wakes a thread sleeping in [`wait`] (a probe thread that stopped early calls it).
