@@ -149,7 +149,10 @@ fn timeouts_double_sigterm_is_one_request_and_the_results_are_written() {
     // 124: timeout's own status for a command it had to stop.
     assert_eq!(out.status.code(), Some(124), "{stdout}\n{stderr}");
     assert!(!stderr.contains("second interrupt"), "{stderr}");
-    assert!(stdout.contains("INTERRUPTED (SIGTERM) in round"), "{stdout}");
+    assert!(
+        stdout.contains("INTERRUPTED (SIGTERM) in round"),
+        "{stdout}"
+    );
     let summary = read_json(&dir.path().join("summary.json"));
     assert_eq!(summary["interrupted"], true, "{stdout}");
 }
