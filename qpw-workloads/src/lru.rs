@@ -885,7 +885,6 @@ impl Lru {
     }
 }
 
-/// Checks that `seen` holds each folio `(c, 1..=adds[c])` exactly once.
 /// Where the conservation check found a folio: a CPU's `lru_add` batch or the LRU. A `Copy`
 /// tag, not a string, since the LRU may hold millions after a long run.
 #[derive(Debug, Clone, Copy)]
@@ -937,8 +936,9 @@ impl Tally {
             more: 0,
         };
         for &(f, place) in batches {
-            tally.found(f, place);
+            // Where it was first seen, before `found` looks it up for a second sighting.
             tally.in_batches.entry(f).or_insert(place);
+            tally.found(f, place);
         }
         tally
     }
