@@ -15,7 +15,10 @@ use crate::{CpuSet, Error, Result};
 /// The CPUs the process may run on: the main thread's affinity when the program started (read
 /// by a constructor that runs before `main`, so that pinning the main thread later does not
 /// narrow it), united with the main thread's and the calling thread's affinity now (either may
-/// have been widened since, within the process's cpuset). Read afresh on every call: a thread
+/// have been widened since, within the process's cpuset), and with the isolated CPUs
+/// (`isolcpus=`, `nohz_full=`, cgroup v2 isolated partitions) that the process's cpuset lets it
+/// use: the kernel leaves those out of every process's affinity by default, and a real-time
+/// program pins its threads there on purpose. Read afresh on every call: a thread
 /// that has pinned itself, or been bound by the framework, still sees the whole set, and so
 /// does a program that pins its main thread before it builds its instance.
 ///
@@ -39,7 +42,25 @@ pub fn allowed_cpus() -> Result<CpuSet> {
         if let Some(start) = startup::mask() {
             set = set.union(&start);
         }
+        // `isolcpus=` (and an isolated partition for the processes outside it) keeps every
+        // process off the isolated CPUs by default, yet a thread may still be pinned there:
+        // that is how real-time programs reach them (rt-tests parses its CPU lists against all
+        // CPUs for this reason). So they count, where the process's cpuset lets it use them.
+        let isolated = crate::topology::isolated_now();
+        if !isolated.is_subset(&set) {
+            set = with_isolated(&set, &isolated, crate::topology::process_cpuset().as_ref());
+        }
         Ok(set)
+    }
+}
+
+/// `affinity` with the `isolated` CPUs the process's `cpuset` lets it use (all of them when the
+/// cpuset is unknown).
+#[cfg(not(loom))]
+fn with_isolated(affinity: &CpuSet, isolated: &CpuSet, cpuset: Option<&CpuSet>) -> CpuSet {
+    match cpuset {
+        Some(cpuset) => affinity.union(&isolated.intersection(cpuset)),
+        None => affinity.union(isolated),
     }
 }
 
@@ -303,6 +324,18 @@ pub fn set_current_normal() -> Result<()> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+
+    #[test]
+    fn isolated_cpus_count_where_the_cpuset_allows_them() {
+        let set = |s: &str| s.parse::<CpuSet>().unwrap();
+        // isolcpus=2-3: every process starts on 0-1, yet may pin a thread to 2 or 3.
+        assert_eq!(with_isolated(&set("0-1"), &set("2-3"), None), set("0-3"));
+        // A container whose cpuset holds 0-2 cannot reach 3.
+        assert_eq!(
+            with_isolated(&set("0-1"), &set("2-3"), Some(&set("0-2"))),
+            set("0-2")
+        );
+    }
 
     #[test]
     fn pin_and_read_back() {

@@ -11,6 +11,7 @@
 //! | `devices/system/cpu/isolated` | CPUs given to `isolcpus=` (absent or empty: none) |
 //! | `devices/system/cpu/nohz_full` | CPUs given to `nohz_full=` (absent, empty or `(null)`: none) |
 //! | `fs/cgroup/cpuset.cpus.isolated` | CPUs isolated at run time by cgroup v2 isolated partitions (absent, on cgroup v1 or without the cpuset controller: none) |
+//! | `fs/cgroup/**/cpuset.cpus.partition`, `cpuset.cpus.effective` | where `cpuset.cpus.isolated` is missing (Linux before 6.8), the same CPUs read from the partitions themselves: each valid `isolated` partition's effective CPUs |
 //! | `devices/system/cpu/cpuN/cache/indexM/{level,shared_cpu_list}` | the CPUs sharing each cache |
 
 use std::fs;
@@ -44,7 +45,7 @@ impl Topology {
         let online = read_list(&cpu_dir.join("online"), true)?;
         let isolated = read_list(&cpu_dir.join("isolated"), false)?;
         let nohz_full = read_list(&cpu_dir.join("nohz_full"), false)?;
-        let runtime_isolated = read_list(&root.join("fs/cgroup/cpuset.cpus.isolated"), false)?;
+        let runtime_isolated = runtime_isolated(&root.join("fs/cgroup"))?;
 
         // One domain per distinct L3 `shared_cpu_list`, in the order of their first CPU.
         let mut l3_domains: Vec<CpuSet> = Vec::new();
@@ -104,8 +105,8 @@ impl Topology {
     }
 
     /// CPUs isolated at run time, by cgroup v2 isolated partitions
-    /// (`/sys/fs/cgroup/cpuset.cpus.isolated`; Linux 6.x, the same isolation `tuna` and tuned
-    /// can set up without a reboot).
+    /// (`/sys/fs/cgroup/cpuset.cpus.isolated` from Linux 6.8; before it, read from the
+    /// partitions themselves: the same isolation tuned can set up without a reboot).
     pub fn runtime_isolated(&self) -> &CpuSet {
         &self.runtime_isolated
     }
@@ -139,6 +140,109 @@ impl Topology {
         let housekeeping = candidates.iter().find(|&c| !isolated.contains(c));
         housekeeping.or_else(|| candidates.first())
     }
+}
+
+/// The CPUs of the isolated partitions under a cgroup v2 root: `cpuset.cpus.isolated` where
+/// the kernel has it (6.8 and later), else every valid `isolated` partition's effective CPUs.
+/// Before 6.7 a partition's parent must itself be a partition root, so the walk goes down only
+/// through partition roots; from 6.7 a "remote" partition may sit anywhere, but those kernels
+/// have `cpuset.cpus.isolated`. Not a cgroup v2 root, or no cpuset controller: none.
+fn runtime_isolated(cgroup: &Path) -> Result<CpuSet> {
+    let summary = cgroup.join("cpuset.cpus.isolated");
+    if summary.exists() {
+        return read_list(&summary, false);
+    }
+    let mut found = CpuSet::new();
+    let mut dirs = vec![cgroup.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let child = entry.path();
+            let Ok(kind) = fs::read_to_string(child.join("cpuset.cpus.partition")) else {
+                continue;
+            };
+            // "isolated invalid (...)" and "root invalid (...)" isolate nothing.
+            match kind.trim() {
+                "isolated" => {
+                    found = found.union(&read_list(&child.join("cpuset.cpus.effective"), false)?)
+                }
+                "root" => dirs.push(child),
+                _ => {}
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The CPUs isolated now, any way ([`Topology::isolated_or_nohz_full`]), read from `/sys`
+/// without the rest of the topology; none where sysfs cannot be read.
+pub(crate) fn isolated_now() -> CpuSet {
+    let root = Path::new("/sys");
+    let cpu_dir = root.join("devices/system/cpu");
+    let read = |p: &Path| read_list(p, false).unwrap_or_default();
+    read(&cpu_dir.join("isolated"))
+        .union(&read(&cpu_dir.join("nohz_full")))
+        .union(&runtime_isolated(&root.join("fs/cgroup")).unwrap_or_default())
+        .intersection(&read(&cpu_dir.join("online")))
+}
+
+/// The CPUs the calling process's cpuset lets its threads use (`sched_setaffinity` refuses the
+/// others): the effective CPUs of its cgroup, or of the nearest ancestor that has the file, on
+/// cgroup v2 or v1. `None` where no cpuset controller is mounted or the files cannot be read.
+pub(crate) fn process_cpuset() -> Option<CpuSet> {
+    let cgroups = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
+    cpuset_of(&cgroups, &mounts, |p| fs::read_to_string(p).ok())
+}
+
+/// [`process_cpuset`] over the texts of `/proc/self/cgroup` and `/proc/self/mounts`, with
+/// `read` reading a file.
+fn cpuset_of(
+    cgroups: &str,
+    mounts: &str,
+    read: impl Fn(&Path) -> Option<String>,
+) -> Option<CpuSet> {
+    for m in mounts.lines() {
+        let f: Vec<&str> = m.split_whitespace().collect();
+        if f.len() < 4 {
+            continue;
+        }
+        // v1: a hierarchy with the cpuset controller, and our line `N:...cpuset...:/path`;
+        // v2: the unified hierarchy, and our line `0::/path`.
+        let (rel, file) = if f[2] == "cgroup" && f[3].split(',').any(|o| o == "cpuset") {
+            let line = cgroups.lines().find(|l| {
+                l.split(':')
+                    .nth(1)
+                    .is_some_and(|c| c.split(',').any(|c| c == "cpuset"))
+            })?;
+            let noprefix = f[3].split(',').any(|o| o == "noprefix");
+            let file = if noprefix {
+                "effective_cpus"
+            } else {
+                "cpuset.effective_cpus"
+            };
+            (line.splitn(3, ':').nth(2)?, file)
+        } else if f[2] == "cgroup2" {
+            let Some(line) = cgroups.lines().find(|l| l.starts_with("0::")) else {
+                continue;
+            };
+            (&line[3..], "cpuset.cpus.effective")
+        } else {
+            continue;
+        };
+        let mut dir = Path::new(f[1]).join(rel.trim_start_matches('/'));
+        loop {
+            if let Some(set) = read(&dir.join(file)).and_then(|t| t.trim().parse().ok()) {
+                return Some(set);
+            }
+            if dir == Path::new(f[1]) || !dir.pop() {
+                break;
+            }
+        }
+    }
+    None
 }
 
 fn read_list(path: &Path, required: bool) -> Result<CpuSet> {
@@ -183,6 +287,7 @@ pub struct FakeSysfs {
     isolated: Option<String>,
     nohz_full: Option<String>,
     runtime_isolated: Option<String>,
+    partitions: Vec<(String, String, String)>,
     l3_domains: Vec<String>,
 }
 
@@ -194,6 +299,7 @@ impl FakeSysfs {
             isolated: None,
             nohz_full: None,
             runtime_isolated: None,
+            partitions: Vec::new(),
             l3_domains: Vec::new(),
         }
     }
@@ -213,6 +319,16 @@ impl FakeSysfs {
     /// Writes `fs/cgroup/cpuset.cpus.isolated`, the CPUs of cgroup v2 isolated partitions.
     pub fn runtime_isolated(mut self, list: &str) -> Self {
         self.runtime_isolated = Some(list.to_string());
+        self
+    }
+
+    /// Writes a cgroup v2 cpuset partition at `path` under `fs/cgroup` as a kernel without
+    /// `cpuset.cpus.isolated` (before 6.8) shows it: its `cpuset.cpus.partition` (`root`,
+    /// `isolated`, `member`, or an invalid state such as `isolated invalid (...)`) and its
+    /// `cpuset.cpus.effective`.
+    pub fn partition(mut self, path: &str, kind: &str, effective: &str) -> Self {
+        self.partitions
+            .push((path.to_string(), kind.to_string(), effective.to_string()));
         self
     }
 
@@ -238,6 +354,12 @@ impl FakeSysfs {
             let cgroup = root.join("fs/cgroup");
             fs::create_dir_all(&cgroup)?;
             fs::write(cgroup.join("cpuset.cpus.isolated"), format!("{list}\n"))?;
+        }
+        for (path, kind, effective) in &self.partitions {
+            let dir = root.join("fs/cgroup").join(path);
+            fs::create_dir_all(&dir)?;
+            fs::write(dir.join("cpuset.cpus.partition"), format!("{kind}\n"))?;
+            fs::write(dir.join("cpuset.cpus.effective"), format!("{effective}\n"))?;
         }
         for list in &self.l3_domains {
             let set: CpuSet = list
@@ -303,6 +425,64 @@ mod tests {
             .unwrap();
         let err = Topology::read_from(dir.path()).unwrap_err().to_string();
         assert!(err.contains("isolated") && err.contains("`1-`"), "{err}");
+    }
+
+    #[test]
+    fn before_6_8_isolated_partitions_are_read_from_the_partitions() {
+        let dir = tempfile::tempdir().unwrap();
+        FakeSysfs::new("0-7")
+            .partition("rt", "isolated", "6")
+            .partition("pool", "root", "4-5")
+            .partition("pool/iso", "isolated", "5")
+            .partition("member", "member", "0-3")
+            .partition(
+                "bad",
+                "isolated invalid (Cpu list in cpuset.cpus not exclusive)",
+                "",
+            )
+            .partition("member/under", "isolated", "3")
+            .write(dir.path())
+            .unwrap();
+        let topo = Topology::read_from(dir.path()).unwrap();
+        // A partition under a member cannot be valid before 6.7: the walk does not go there.
+        assert_eq!(topo.runtime_isolated().to_string(), "5-6");
+        assert_eq!(topo.isolated_or_nohz_full().to_string(), "5-6");
+    }
+
+    #[test]
+    fn the_kernels_summary_wins_where_it_exists() {
+        let dir = tempfile::tempdir().unwrap();
+        FakeSysfs::new("0-3")
+            .runtime_isolated("3")
+            .partition("old", "isolated", "2")
+            .write(dir.path())
+            .unwrap();
+        let topo = Topology::read_from(dir.path()).unwrap();
+        assert_eq!(topo.runtime_isolated().to_string(), "3");
+    }
+
+    #[test]
+    fn a_process_cpuset_is_its_cgroups_or_the_nearest_ancestors() {
+        let files = |list: &'static [(&'static str, &'static str)]| {
+            move |p: &Path| {
+                list.iter()
+                    .find(|(path, _)| Path::new(path) == p)
+                    .map(|(_, text)| text.to_string())
+            }
+        };
+        // v2: the cpuset controller is not enabled for the service's own cgroup.
+        let v2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n";
+        let me = "0::/system.slice/svc.service\n";
+        let read = files(&[("/sys/fs/cgroup/system.slice/cpuset.cpus.effective", "0-2\n")]);
+        assert_eq!(cpuset_of(me, v2, read).unwrap().to_string(), "0-2");
+        // v1, as this project's development VM has it.
+        let v1 = "cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\n\
+                  cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n";
+        let me = "5:cpuset:/\n0::/user.slice\n";
+        let read = files(&[("/sys/fs/cgroup/cpuset/cpuset.effective_cpus", "0-1\n")]);
+        assert_eq!(cpuset_of(me, v1, read).unwrap().to_string(), "0-1");
+        // No cpuset anywhere.
+        assert_eq!(cpuset_of(me, "proc /proc proc rw 0 0\n", files(&[])), None);
     }
 
     #[test]
