@@ -483,6 +483,32 @@ pub fn default_sigpipe() {
     }
 }
 
+/// Runs `write` with SIGPIPE blocked in this thread, so that writing to a pipe whose reader
+/// has gone returns `EPIPE` instead of ending the process; a SIGPIPE raised meanwhile is taken
+/// off before the mask is put back.
+pub fn without_sigpipe<T>(write: impl FnOnce() -> std::io::Result<T>) -> std::io::Result<T> {
+    // SAFETY: `sigset_t` is plain data, set up by `sigemptyset`/`sigaddset` before use; the
+    // masks passed are valid for the calls' duration.
+    unsafe {
+        let mut pipe: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut pipe);
+        libc::sigaddset(&mut pipe, libc::SIGPIPE);
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &pipe, &mut old);
+        let out = write();
+        if matches!(&out, Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe) {
+            let zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // The SIGPIPE is pending on this thread (unless it was already blocked before).
+            libc::sigtimedwait(&pipe, std::ptr::null_mut(), &zero);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        out
+    }
+}
+
 /// An error and its causes on one line, as `{e:#}` prints them, but without a cause whose text
 /// the message before it already ends with (library errors often show their source in their
 /// own message and also return it from `source()`, which `{e:#}` would print twice).
@@ -620,6 +646,46 @@ mod tests {
     use super::{error_chain, fifo_hint, MemLockPlan};
 
     const MIB: u64 = 1 << 20;
+
+    /// Writing to a pipe nobody reads, with SIGPIPE at its default (as qpw-emu runs), is an
+    /// `EPIPE` error inside `without_sigpipe`, and the process lives on. Checked in a child
+    /// copy of this test binary, since the default action would end the whole harness.
+    #[test]
+    fn a_write_to_a_gone_reader_is_an_error_not_a_death() {
+        const CHILD: &str = "QPW_SIGPIPE_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            super::default_sigpipe();
+            let mut fds = [0; 2];
+            // SAFETY: `fds` has room for the two descriptors `pipe` writes.
+            assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+            // SAFETY: the read end is ours and closed once.
+            unsafe { libc::close(fds[0]) };
+            let write = || {
+                // SAFETY: writes one byte from a valid buffer to the pipe's write end.
+                let n = unsafe { libc::write(fds[1], b"x".as_ptr().cast(), 1) };
+                if n < 0 {
+                    Err(std::io::Error::last_os_error())
+                } else {
+                    Ok(())
+                }
+            };
+            let e = super::without_sigpipe(write).unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+            println!("survived");
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "rt::tests::a_write_to_a_gone_reader_is_an_error_not_a_death",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("survived"), "{out:?}");
+    }
 
     #[test]
     fn memory_is_locked_in_full_only_where_the_future_fits() {

@@ -8,7 +8,7 @@
 //! | `kernel-lru` | `1 > /proc/sys/vm/compact_memory`: compacts every zone | `lru_add_drain_per_cpu` |
 //! | `kernel-slub` | `1 > /sys/kernel/slab/maple_node/shrink`: empties that cache's per-CPU slabs | `flush_cpu_slab` |
 //! | `kernel-vmstat` | `1 > /proc/sys/vm/stat_refresh`: folds every CPU's vm counters | `refresh_vm_stats` |
-//! | `kernel-memcg` | in a memory cgroup of our own: `memory.force_empty` (v1) or a lowered `memory.max` (v2) | `drain_local_memcg_stock`, `drain_local_obj_stock` |
+//! | `kernel-memcg` | in a memory cgroup of our own: `memory.force_empty` (v1) or a lowered `memory.high` (v2) | `drain_local_memcg_stock`, `drain_local_obj_stock` |
 //!
 //! A drain reaches a CPU only if that CPU has something cached (except `stat_refresh`, which
 //! goes to every CPU), so for `kernel-lru`, `kernel-slub` and `kernel-memcg` a small **filler**
@@ -99,7 +99,7 @@ impl KernelDrain {
                 .to_string(),
             KernelDrain::Memcg => "creates a memory cgroup of its own (removed at the end), \
                                    charges pages in it from the measured CPU, and empties it \
-                                   (memory.force_empty on cgroup v1, a lowered memory.max on \
+                                   (memory.force_empty on cgroup v1, a lowered memory.high on \
                                    v2), which runs drain_all_stock"
                 .to_string(),
         }
@@ -247,8 +247,12 @@ impl MemCgroup {
         self.dir.join("cgroup.procs")
     }
 
-    /// Empties the cgroup's charges: `memory.force_empty` (v1); on v2, a `memory.max` just
-    /// under the usage, then back to `max` (both run `drain_all_stock`).
+    /// Empties the cgroup's charges: `memory.force_empty` (v1); on v2, a `memory.high` just
+    /// under the usage, then back to `max`. Writing `memory.high` above the usage runs
+    /// `drain_all_stock` and then reclaims, but never calls the OOM killer, where a lowered
+    /// `memory.max` does once reclaim fails: the drain is asynchronous (queued to each CPU),
+    /// so reclaim may run before the stocks are back, and a filler whose pages cannot be
+    /// reclaimed (a binary in an initramfs, no swap) was killed (seen in a 6.1 guest).
     fn empty(&self, force_empty: &mut Option<File>) -> std::io::Result<()> {
         if !self.v2 {
             let f = match force_empty {
@@ -265,9 +269,9 @@ impl MemCgroup {
             .trim()
             .parse()
             .unwrap_or(0);
-        let max = self.dir.join("memory.max");
-        std::fs::write(&max, current.saturating_sub(4096).max(4096).to_string())?;
-        std::fs::write(&max, "max")
+        let high = self.dir.join("memory.high");
+        std::fs::write(&high, current.saturating_sub(4096).max(4096).to_string())?;
+        std::fs::write(&high, "max")
     }
 }
 
@@ -372,9 +376,10 @@ impl Filler {
 
     /// Asks for one fill and waits for it.
     fn fill(&mut self) -> Result<()> {
-        self.to
-            .write_all(b"f")
-            .context("cannot reach the filler process")?;
+        // A filler that died (the OOM killer, a kill by hand) must end this run with an error,
+        // not kill it with SIGPIPE (which qpw-emu leaves at its default, for `| head`).
+        crate::rt::without_sigpipe(|| self.to.write_all(b"f"))
+            .context("cannot reach the filler process (it has ended)")?;
         self.wait_answer()
     }
 }
