@@ -1,6 +1,6 @@
 //! Loom models of [`FencedLock`]'s drain protocol (raise the flag, fence the lock's CPU, check
 //! for an owner that committed first), with the kernel's side of restartable sequences mocked
-//! (see "Under loom" in `qpw-core/src/rseq_lock.rs`). Run with
+//! (see "Under loom" in `qpw-core/src/rseq_lock/loom_mock.rs`). Run with
 //! `RUSTFLAGS="--cfg loom -C debug-assertions" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p qpw-tests --test loom_fenced`
 //! (see `.ci/loom`).
 //!

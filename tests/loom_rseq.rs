@@ -1,6 +1,7 @@
 //! Loom models of [`RseqLock`]'s protocol, with the kernel's side of restartable sequences
-//! mocked (see "Under loom" in `qpw-core/src/rseq_lock.rs`: a sequence may be aborted at any
-//! preemption point by another sequence of its CPU or by a CPU fence, and is then restarted).
+//! mocked (see "Under loom" in `qpw-core/src/rseq_lock/loom_mock.rs`: a sequence may be aborted
+//! at any preemption point by another sequence of its CPU or by a CPU fence, and is then
+//! restarted).
 //! Run with
 //! `RUSTFLAGS="--cfg loom -C debug-assertions" LOOM_MAX_PREEMPTIONS=2 cargo test --release -p qpw-tests --test loom_rseq`
 //! (a few seconds of checking on the 2-core development VM; see `.ci/loom`).

@@ -71,8 +71,9 @@
 //! and will abort; and later ones load the flag or a newer value. The answer must be compared
 //! with our call, or an answer to an earlier call would settle a flag no sequence has seen;
 //! and it must come from a sequence of the lock's CPU, or it would prove nothing about that
-//! CPU's sequences in flight ([`RseqLock`]'s module docs give the whole argument, and the
-//! waiter handshake, which needs no process-wide barrier).
+//! CPU's sequences in flight ([`RseqLock`]'s module docs give the whole argument, in
+//! `rseq_lock/answer.rs` for the answer, and in `rseq_lock/wait.rs` the waiter handshake,
+//! which needs no process-wide barrier).
 //!
 //! So at most one of the owner and the requester holds the lock; two requesters are kept
 //! apart by the side mutex and by the `CAS` itself; a holder that migrated while holding

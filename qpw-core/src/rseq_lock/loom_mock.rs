@@ -1,0 +1,128 @@
+//! The kernel side of restartable sequences, for loom: what [`RseqLock`](super::RseqLock)'s
+//! sequences, its CPU fence and its `futex` calls become in a model.
+//!
+//! # Under loom
+//!
+//! The kernel is mocked, not the protocol. A sequence is three loom steps: *start* (check the
+//! CPU, take a mark), the *load* (of the word, or for a release of the waiter count), a
+//! free-standing loom atomic, and the *commit*; loom may run any other thread between any two
+//! of them. The commit stores without looking at the word again, as the real store does; the
+//! only thing that keeps a commit whose load has gone stale from landing is an abort, and
+//! aborts come only from where the kernel's come: another sequence starting on the same CPU
+//! (the thread in flight there was preempted) and the CPU fence (its interrupt). Each lock
+//! counts those events under a loom mutex; the commit checks the count is still its start's
+//! and stores in the same step, as the kernel's abort, which moves the instruction pointer,
+//! makes them one.
+//!
+//! That mutex is taken only at points where the kernel synchronises with the CPU: a sequence's
+//! start and commit, and the fence's interrupt, which is a full barrier on the target CPU that
+//! the caller waits for. So it orders nothing the kernel does not: a commit that succeeds has
+//! synchronised only with its own start or with threads of its own CPU (which the context
+//! switch between them orders anyway), and the fence sees the owner's earlier stores and
+//! passes on the caller's `CAS` only as the interrupt landing between two of the owner's
+//! instructions would. The commit's store is an ignored-result `swap` rather than a `store`, to
+//! step round loom 0.7 letting a plain store slip between the read and the write of a
+//! concurrent `CAS` (tokio-rs/loom#254); a thread's CPU is `rseq::mock::migrate_to`; `futex`
+//! is a loom condition variable checked under its mutex (the bucket lock), whose wake wakes
+//! one waiter, as `FUTEX_WAKE` with 1 does; the slow paths' full barriers are `SeqCst` fences
+//! (loom models those, not the ordering of `SeqCst` accesses); a requester's wait for an
+//! answer is one more look, which loom may place anywhere; and a waiter does not spin before
+//! sleeping (`SPINS` says why). `rseq::mock::with_mutation` leaves out one step at a time (the
+//! requester's fence or its check, the answer's CPU or epoch, the side mutex, the waiter's
+//! fence), so that the models can show they catch each loss.
+
+use crate::sync::{AtomicU32, Condvar, Mutex, Ordering};
+
+/// What the kernel does for one lock's CPU: abort sequences, and `futex`.
+#[derive(Debug)]
+pub(super) struct Cpu {
+    /// How many times a sequence of this CPU has been aborted or begun: bumped when a
+    /// sequence starts (the thread that had one in flight here was preempted) and by the
+    /// CPU fence (its interrupt). The mutex is taken only at the moments the kernel
+    /// synchronises with the CPU: a sequence's start and commit (a point in that CPU's
+    /// instruction stream) and the fence's interrupt landing there.
+    interrupts: Mutex<u64>,
+    futex: Mutex<()>,
+    woken: Condvar,
+    /// The CPU's beacon: per lock under loom, where each model has one lock per CPU.
+    pub(super) beacon: super::answer::Beacon,
+}
+
+impl Cpu {
+    pub(super) fn new() -> Self {
+        Self {
+            interrupts: Mutex::new(0),
+            futex: Mutex::new(()),
+            woken: Condvar::new(),
+            beacon: super::answer::Beacon::new(),
+        }
+    }
+
+    /// A sequence starts on this CPU: one in flight here (another thread's, which must
+    /// have been preempted for this one to run) is aborted. Returns the sequence's mark.
+    pub(super) fn start(&self) -> u64 {
+        let mut interrupts = self.interrupts.lock().unwrap();
+        *interrupts += 1;
+        *interrupts
+    }
+
+    /// The sequence's last instruction: stores `value` to `word` unless the sequence
+    /// begun at `started` has been aborted since, in which case nothing is stored.
+    ///
+    /// The check and the store are one step, as the kernel makes them (its abort moves
+    /// the instruction pointer before the store can run). The mutex adds no ordering the
+    /// kernel lacks: the commit can only synchronise with what aborts it, and what it
+    /// publishes (the store and what came before) reaches a later fence, which is the
+    /// full barrier the fence's interrupt runs on this CPU.
+    ///
+    /// The store is a `swap` whose old value is ignored, not a plain `store`: loom 0.7
+    /// lets a plain store slip between the read and the write of a concurrent RMW
+    /// (tokio-rs/loom#254, fixed in the unmerged loom#391; seen in the models as the
+    /// requester's `CAS` to `FENCED` apparently overwriting a `HELD` committed after it).
+    /// As an RMW the store lands after every store loom has made so far, which is where
+    /// the hardware puts it: x86's `CAS` is a locked instruction, so a plain store that
+    /// executes after it is later in the word's coherence order.
+    pub(super) fn commit(
+        &self,
+        started: u64,
+        word: &AtomicU32,
+        value: u32,
+        ordering: Ordering,
+    ) -> bool {
+        let interrupts = self.interrupts.lock().unwrap();
+        if *interrupts != started {
+            return false;
+        }
+        word.swap(value, ordering);
+        drop(interrupts);
+        true
+    }
+
+    /// The end of a sequence that stores nothing: whether it ran to its end unaborted since
+    /// `started` (a load inside it is then known to have run on this CPU).
+    pub(super) fn unaborted(&self, started: u64) -> bool {
+        *self.interrupts.lock().unwrap() == started
+    }
+
+    /// `membarrier(.._RSEQ, FLAG_CPU, cpu)`: the interrupt lands on this CPU between two
+    /// of its instructions, aborts a sequence in flight, and is a full barrier there,
+    /// synchronised with the caller both ways (the caller waits for it).
+    pub(super) fn fence(&self) {
+        *self.interrupts.lock().unwrap() += 1;
+    }
+
+    /// `FUTEX_WAIT`: sleeps unless the word has changed, checked under the bucket lock.
+    pub(super) fn futex_wait(&self, word: &AtomicU32, expected: u32) {
+        let guard = self.futex.lock().unwrap();
+        if word.load(Ordering::SeqCst) == expected {
+            drop(self.woken.wait(guard).unwrap());
+        }
+    }
+
+    /// `FUTEX_WAKE` of one waiter, as the lock asks of the kernel, under the same bucket
+    /// lock.
+    pub(super) fn futex_wake(&self) {
+        let _guard = self.futex.lock().unwrap();
+        self.woken.notify_one();
+    }
+}
