@@ -337,6 +337,11 @@ impl Filler {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        // Under --isolate's cgroup v2 partition the filler moves its thread in before it pins
+        // itself there (which a filler in a memory cgroup of its own cannot).
+        if let Some(p) = crate::isolate::partition::active_for_child() {
+            cmd.env(crate::isolate::partition::PARTITION_ENV, p);
+        }
         if let Some(cg) = cgroup {
             let procs = std::ffi::CString::new(cg.procs().as_os_str().as_encoded_bytes())?;
             // SAFETY: the closure runs in the child between fork and exec and makes only
@@ -400,6 +405,7 @@ impl Drop for Filler {
 /// The body of `qpw-emu __filler CPU`: pin, report ready, then fill on request until stdin
 /// closes.
 pub fn filler_main(cpu: usize) -> Result<()> {
+    crate::isolate::partition::hook_from_env();
     qpw_core::pin_current_thread(cpu)
         .with_context(|| format!("filler: cannot pin to cpu {cpu}"))?;
     let name = std::ffi::CString::new("qpw-filler")?;
