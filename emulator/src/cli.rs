@@ -234,7 +234,7 @@ pub struct RunArgs {
     #[arg(
         long,
         value_name = "TIME",
-        default_value = crate::experiment::BUSY_OWNER,
+        default_value = crate::defaults::BUSY_OWNER,
         allow_hyphen_values = true
     )]
     pub local_op_every: String,

@@ -31,6 +31,7 @@ use qpw_core::{CpuSet, Mode};
 use crate::cli::RunArgs;
 use crate::clock::Calibration;
 use crate::commands::{note_outcome, oslat_json, Cpus};
+use crate::defaults::BUSY_OWNER;
 use crate::hist::Histogram;
 use crate::json::{self, Interruptions, ProbePreemptions, QpwFields, Settings, ThreadFigures};
 use crate::kernel::info::KernelInfo;
@@ -69,12 +70,6 @@ const OTHER_THRESHOLDS_NS: [u64; 4] = [2000, 5000, 10_000, 20_000];
 /// idle baseline's noise, scaled to the round, would swamp it (kernel-lru triggers 2 drains a
 /// second).
 const MIN_ROUND_DRAINS: u64 = 50;
-
-/// The probe's local operation period in the default run: an owner busy on its lock (a few
-/// turns of the probe's loop), as a service's thread that touches its per-CPU state for every
-/// request is. It is what lets a fenced-mode owner answer a requester's flag in a fraction of a
-/// microsecond instead of taking the fence's interrupt.
-pub const BUSY_OWNER: &str = "100ns";
 
 /// The idle-owner scenario's period (`fenced-idle-<workload>`): the owner spins and touches its
 /// lock only this often, enough to give the drains something to take, too seldom to answer a

@@ -57,6 +57,7 @@ pub mod clock;
 pub mod commands;
 pub mod counter;
 pub mod cyclictest;
+pub mod defaults;
 pub mod experiment;
 pub mod figures;
 pub mod hist;
