@@ -595,6 +595,15 @@ pub fn args_for_invocation(
     args
 }
 
+/// Whether the program was called by a real tool's name (`oslat`, `cyclictest`: a link), so
+/// that messages name it as the tool would.
+pub fn called_as_tool(argv0: &str) -> bool {
+    let name = std::path::Path::new(argv0)
+        .file_name()
+        .and_then(|n| n.to_str());
+    matches!(name, Some("oslat" | "cyclictest"))
+}
+
 /// What oslat 2.4 prints for a command line it refuses, for a refusal of clap's: getopt's
 /// `oslat: invalid option -- 'x'` (or `unrecognized option '--x'`, `option requires an argument
 /// -- 'D'`) on stderr and the usage on stdout, or oslat's own `Illegal runtime: abc` and

@@ -30,13 +30,14 @@ use qpw_core::{CpuSet, Mode};
 
 use crate::cli::RunArgs;
 use crate::clock::Calibration;
-use crate::commands::{note_outcome, oslat_json, Cpus};
+use crate::cpus::Cpus;
 use crate::defaults::BUSY_OWNER;
+use crate::drain::note_outcome;
 use crate::hist::Histogram;
 use crate::json::{self, Interruptions, ProbePreemptions, QpwFields, Settings, ThreadFigures};
 use crate::kernel::info::KernelInfo;
 use crate::load::{LoadReport, Phase, RequesterReport};
-use crate::oslat::{self, OslatConfig, OslatRun};
+use crate::oslat::{self, oslat_json, OslatConfig, OslatRun};
 use crate::report::{self, Row};
 use crate::rt::{self, SysInfo, Warnings};
 use crate::scenario::{self, DrainSpec};
@@ -210,7 +211,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Some(list) => {
             let mut modes = Vec::new();
             for m in list.split(',') {
-                let mode = crate::commands::parse_mode(m)
+                let mode = crate::drain::parse_mode(m)
                     .map_err(|_| anyhow!("--modes {list}: `{m}` is not queue, remote or fenced"))?;
                 if !modes.contains(&mode) {
                     modes.push(mode);

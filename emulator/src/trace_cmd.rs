@@ -9,7 +9,7 @@ use qpw_core::CpuSet;
 
 use crate::cli::TraceArgs;
 use crate::clock::Calibration;
-use crate::commands::Cpus;
+use crate::cpus::Cpus;
 use crate::json::{self, Envelope, TraceFields};
 use crate::kernel::info::KernelInfo;
 use crate::oslat::OslatRun;

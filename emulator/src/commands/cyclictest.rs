@@ -18,12 +18,13 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use qpw_core::CpuSet;
 
-use super::{print_requester, qpw_fields, Cpus, ProbeLoad};
 use crate::cli::{CyclictestArgs, RunLength};
+use crate::cpus::Cpus;
 use crate::cyclictest::{
     self, Align, CyclicConfig, CyclicRun, Fifo, LiveLines, MainLoop, Policy, SleepMode, ThreadSpec,
     Verbose,
 };
+use crate::drain::{print_requester, qpw_fields, ProbeLoad};
 use crate::json::{
     self, Buckets, CyclictestBody, CyclictestThreadJson, Envelope, Indexed, QpwFields, Settings,
 };
@@ -152,7 +153,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         policy.name().to_string()
     };
     let measured: CpuSet = specs.iter().map(|s| s.cpu).collect();
-    let spec = super::resolve_drain(&args.drain, &cpus, &measured, false)?;
+    let spec = crate::drain::resolve_drain(&args.drain, &cpus, &measured, false)?;
     if let Some(w) = args.drain.workload.as_deref() {
         if w == "memmove" || w == "no" {
             bail!("--workload {w}: oslat's busy-loop workloads belong to `qpw-emu oslat`");
@@ -240,7 +241,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     }
     rt::catch_sigint(&mut warnings, quiet);
     // After Ctrl-C is taken: a signal must not end the process before the guard restores.
-    let throttling_off = super::throttling_for_run(&args.drain, &mut warnings, quiet)?;
+    let throttling_off = crate::drain::throttling_for_run(&args.drain, &mut warnings, quiet)?;
     let throttling = RtThrottling::read(throttling_off.as_ref());
     let isolation = crate::isolate::for_run(
         args.drain.isolate,

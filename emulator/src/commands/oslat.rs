@@ -15,12 +15,13 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{print_requester, qpw_fields, Cpus, Exit, ProbeLoad};
 use crate::cli::OslatArgs;
 use crate::clock::Calibration;
+use crate::cpus::Cpus;
+use crate::drain::{print_requester, qpw_fields, ProbeLoad};
 use crate::json::{self, Micros, Settings, RT_TESTS_VERSION};
 use crate::oslat::{self, OslatConfig, OslatRun, OslatThread};
-use crate::rt::{self, TraceMarker, Warnings};
+use crate::rt::{self, Exit, TraceMarker, Warnings};
 use crate::throttling::RtThrottling;
 use crate::validate;
 
@@ -58,7 +59,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     let mut drain = args.drain.clone();
     drain.workload_flag = "--drain-workload";
     let memmove = args.loop_workload.as_deref() == Some("memmove");
-    let spec = super::resolve_drain(&drain, &cpus, &measured, false)?;
+    let spec = crate::drain::resolve_drain(&drain, &cpus, &measured, false)?;
     if let Some(path) = &args.json {
         validate::output_file("--json", path)?;
     }
@@ -86,7 +87,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         .map(|_| TraceMarker::open(&mut warnings, quiet));
     rt::catch_sigint(&mut warnings, quiet);
     // After Ctrl-C is taken: a signal must not end the process before the guard restores.
-    let throttling_off = super::throttling_for_run(&drain, &mut warnings, quiet)?;
+    let throttling_off = crate::drain::throttling_for_run(&drain, &mut warnings, quiet)?;
     let throttling = RtThrottling::read(throttling_off.as_ref());
     let isolation = crate::isolate::for_run(
         drain.isolate,
@@ -170,7 +171,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     };
     if let Some((cpu, us)) = run.threshold_hit {
         let app = std::env::args().next().unwrap_or_else(|| "oslat".into());
-        let app = if super::called_as_tool(&app) {
+        let app = if crate::cli::called_as_tool(&app) {
             app
         } else {
             format!("{app} oslat")
@@ -236,7 +237,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         fields.trace = traced;
         fields.rt_throttling = spec.is_some().then_some(throttling);
         fields.isolation = isolation.as_ref().map(|i| i.report.clone());
-        json::write(path, &super::oslat_json(&run, start_time, fields))?;
+        json::write(path, &oslat::oslat_json(&run, start_time, fields))?;
     }
     Ok(())
 }
@@ -307,8 +308,8 @@ fn print_summary(run: &OslatRun, zero_omit: bool) {
             },
         );
     }
-    let min = |t: &OslatThread| super::oslat_micros(t.hist.min_ns(), w);
-    let max = |t: &OslatThread| super::oslat_micros(t.hist.max_ns(), w);
+    let min = |t: &OslatThread| oslat::oslat_micros(t.hist.min_ns(), w);
+    let max = |t: &OslatThread| oslat::oslat_micros(t.hist.max_ns(), w);
     field(
         "Minimum",
         ts.iter().map(|t| micros_text(min(t))).collect(),
