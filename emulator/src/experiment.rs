@@ -662,7 +662,7 @@ impl Ctx {
         // The idle scenario of this round is merged into its accumulator only afterwards: for
         // it, derive the threshold from its own gaps.
         let threshold_ns = THRESHOLD_NS;
-        let conv = crate::trace_cmd::ticks_to_us(&traced.clock, self.calibration);
+        let conv = crate::probe_trace::ticks_to_us(&traced.clock, self.calibration);
         let gaps: Vec<(u64, u64)> = thread
             .gaps
             .iter()

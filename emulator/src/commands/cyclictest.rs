@@ -165,7 +165,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     let trace_us = args
         .trace
         .as_deref()
-        .map(crate::trace_cmd::threshold_us)
+        .map(crate::probe_trace::threshold_us)
         .transpose()?;
     if trace_us.is_some() {
         crate::trace::tracefs::preflight()?;
@@ -268,7 +268,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
 
     let calibration = trace_us.map(|_| crate::clock::Calibration::measure());
     let tracing = trace_us
-        .map(|_| crate::trace_cmd::start_for_probe(&measured, &cpus, true))
+        .map(|_| crate::probe_trace::start_for_probe(&measured, &cpus, true))
         .transpose()?;
     let load = ProbeLoad::start(spec.as_ref())?;
     let cfg = CyclicConfig {
@@ -312,14 +312,14 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
             let probes: Vec<_> = run
                 .threads
                 .iter()
-                .map(|t| crate::trace_cmd::ProbeGaps {
+                .map(|t| crate::probe_trace::ProbeGaps {
                     cpu: t.cpu,
                     tid: t.tid,
                     gaps: &t.late,
                     not_kept: t.late_not_kept,
                 })
                 .collect();
-            Some(crate::trace_cmd::attribute(
+            Some(crate::probe_trace::attribute(
                 session,
                 &probes,
                 cal,
@@ -406,7 +406,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         print_requester(o);
         eprintln!("# qpw-emu {}", throttling.line());
     }
-    crate::trace_cmd::print_after_tool(
+    crate::probe_trace::print_after_tool(
         traced.as_ref(),
         load.outcome.as_ref(),
         spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()),

@@ -66,7 +66,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     let trace_us = args
         .trace
         .as_deref()
-        .map(crate::trace_cmd::threshold_us)
+        .map(crate::probe_trace::threshold_us)
         .transpose()?;
     if trace_us.is_some() {
         crate::trace::tracefs::preflight()?;
@@ -134,7 +134,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     }
 
     let tracing = trace_us
-        .map(|_| crate::trace_cmd::start_for_probe(&measured, &cpus, true))
+        .map(|_| crate::probe_trace::start_for_probe(&measured, &cpus, true))
         .transpose()?;
     let load = ProbeLoad::start(spec.as_ref())?;
     let cfg = OslatConfig {
@@ -160,7 +160,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     let run = oslat::run(&cfg, calibration, &load.phase);
     let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), &mut warnings, quiet)?;
     let traced = match (tracing, trace_us) {
-        (Some(session), Some(us)) => Some(crate::trace_cmd::attribute_oslat(
+        (Some(session), Some(us)) => Some(crate::probe_trace::attribute_oslat(
             session,
             &run,
             us,
@@ -203,7 +203,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         print_requester(o);
         eprintln!("# qpw-emu {}", throttling.line());
     }
-    crate::trace_cmd::print_after_tool(
+    crate::probe_trace::print_after_tool(
         traced.as_ref(),
         load.outcome.as_ref(),
         spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()),
