@@ -7,6 +7,7 @@
 
 mod cyclictest;
 mod oslat;
+pub mod report;
 pub mod trace;
 
 use std::time::Duration;
@@ -34,7 +35,7 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Load(args)) => load_cmd(&args),
         Some(Command::Resctrl(args)) => crate::figures::resctrl_cmd(&args),
         Some(Command::Pool(args)) => crate::figures::pool_cmd(&args),
-        Some(Command::Report(args)) => crate::report::report_cmd(&args),
+        Some(Command::Report(args)) => report::report_cmd(&args),
         Some(Command::Trace(args)) => trace::trace_cmd(&args),
         Some(Command::Filler(args)) => crate::kernel::filler_main(args.cpu),
     }

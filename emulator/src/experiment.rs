@@ -38,10 +38,10 @@ use crate::json::{self, Interruptions, ProbePreemptions, QpwFields, Settings, Th
 use crate::kernel::info::KernelInfo;
 use crate::load::{LoadReport, Phase, RequesterReport};
 use crate::oslat::{self, oslat_json, OslatConfig, OslatRun};
-use crate::report::{self, Row};
 use crate::rt::{self, SysInfo, Warnings};
 use crate::scenario::{self, DrainSpec};
 use crate::svg::{self, Series};
+use crate::table::{self, Row};
 use crate::trace::{tracefs, Session};
 use crate::validate;
 use crate::workload::WorkloadName;
@@ -390,7 +390,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let rows = ctx.rows();
     print!(
         "{}",
-        report::table(&rows, Some(ctx.target), ctx.threshold().map(|t| t.0))
+        table::table(&rows, Some(ctx.target), ctx.threshold().map(|t| t.0))
     );
     ctx.print_attribution();
     println!();
