@@ -1,7 +1,9 @@
 //! The command line, as clap parses it. Numbers with a fixed range, durations and optional
 //! values are parsed here by value parsers whose errors name the flag, the value and the legal
-//! range; CPU lists and the drain options stay text and are checked by `commands` against the
-//! machine (the allowed CPUs), with messages of the same shape.
+//! range; CPU lists and the drain options stay text and are checked by the commands against the
+//! machine (the allowed CPUs: [`crate::cpus`], [`crate::drain`]), with messages of the same
+//! shape. This module declares and validates only: it imports no command (a default that a
+//! command also uses lives in [`crate::defaults`]).
 //!
 //! `qpw-emu oslat` and `qpw-emu cyclictest` take every flag of rt-tests 2.4's tools, with the
 //! real tools' defaults; a link to the binary named `oslat` or `cyclictest` runs that command

@@ -56,7 +56,8 @@ fn numa_node(cpu: usize) -> i64 {
         .unwrap_or(0)
 }
 
-pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
+/// `qpw-emu cyclictest`, or `cyclictest` through a link.
+pub fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     crate::cli::note_stray("cyclictest", &args.stray);
     if args.smi {
         bail!(

@@ -28,7 +28,8 @@ use crate::validate;
 /// oslat's default memmove buffer: 16 KiB per thread (`WORKLOAD_MEM_SIZE`).
 const WORKLOAD_MEM: u64 = 16 << 10;
 
-pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
+/// `qpw-emu oslat`, or `oslat` through a link.
+pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     crate::cli::note_stray("oslat", &args.stray);
     if args.version {
         println!("oslat V {RT_TESTS_VERSION}");

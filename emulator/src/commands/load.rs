@@ -1,21 +1,13 @@
-//! The commands: validate the options, set up, run the probe or the load, print, export.
-//!
-//! `oslat` and `cyclictest` have a module each (`commands/oslat.rs`, `commands/cyclictest.rs`):
-//! they follow the real tools' output line for line. What they share with `load` and the
-//! default experiment is below the commands: the CPUs ([`crate::cpus`]), the drain load around
-//! a probe and our JSON fields ([`crate::drain`]), the oslat JSON ([`crate::oslat::oslat_json`]).
-
-mod cyclictest;
-mod oslat;
-pub mod report;
-pub mod trace;
+//! `qpw-emu load`: only the drain load (requester drains plus process-context operations), for
+//! running the real rt-tests tools beside it on the CPUs it leaves free, until Ctrl-C or
+//! `--duration`.
 
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
 use qpw_core::Mode;
 
-use crate::cli::{Cli, Command, LoadArgs};
+use crate::cli::LoadArgs;
 use crate::cpus::Cpus;
 use crate::drain::{note_outcome, print_requester, resolve_drain, throttling_for_run};
 use crate::json::{self, Envelope};
@@ -24,24 +16,8 @@ use crate::scenario;
 use crate::throttling::RtThrottling;
 use crate::validate;
 
-/// Runs the command line's command.
-pub fn dispatch(cli: Cli) -> Result<()> {
-    rt::default_sigpipe();
-    match cli.command {
-        None => crate::experiment::run(&crate::experiment::default_args()),
-        Some(Command::Run(args)) => crate::experiment::run(&args),
-        Some(Command::Oslat(args)) => oslat::oslat_cmd(&args),
-        Some(Command::Cyclictest(args)) => cyclictest::cyclictest_cmd(&args),
-        Some(Command::Load(args)) => load_cmd(&args),
-        Some(Command::Resctrl(args)) => crate::figures::resctrl_cmd(&args),
-        Some(Command::Pool(args)) => crate::figures::pool_cmd(&args),
-        Some(Command::Report(args)) => report::report_cmd(&args),
-        Some(Command::Trace(args)) => trace::trace_cmd(&args),
-        Some(Command::Filler(args)) => crate::kernel::filler_main(args.cpu),
-    }
-}
-
-fn load_cmd(args: &LoadArgs) -> Result<()> {
+/// `qpw-emu load`.
+pub fn load_cmd(args: &LoadArgs) -> Result<()> {
     let cpus = Cpus::read()?;
     let duration = args
         .duration
