@@ -1,7 +1,8 @@
 //! `--trace` for the probes: a trace of the measured CPUs around the probe's run
 //! ([`start_for_probe`]), each long gap matched to what ran in it ([`attribute`]), and the
 //! attribution printed after the tool's own lines ([`print_after_tool`]). The `oslat` and
-//! `cyclictest` drop-ins use it, and `qpw-emu trace` its pieces (the trace without a probe).
+//! `cyclictest` drop-ins use it, the default experiment its clock conversion
+//! ([`ticks_to_us`]), and `qpw-emu trace` its pieces (the trace without a probe).
 
 use std::fmt::Write as _;
 
