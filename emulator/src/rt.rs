@@ -509,6 +509,12 @@ pub fn without_sigpipe<T>(write: impl FnOnce() -> std::io::Result<T>) -> std::io
     }
 }
 
+/// An exit with this status and no `Error:` line: the command has said what it had to say
+/// (oslat's `-T` exits 1 after its own message, as oslat does).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("exit status {0}")]
+pub struct Exit(pub i32);
+
 /// An error and its causes on one line, as `{e:#}` prints them, but without a cause whose text
 /// the message before it already ends with (library errors often show their source in their
 /// own message and also return it from `source()`, which `{e:#}` would print twice).

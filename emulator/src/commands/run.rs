@@ -30,16 +30,18 @@ use qpw_core::{CpuSet, Mode};
 
 use crate::cli::RunArgs;
 use crate::clock::Calibration;
-use crate::commands::{note_outcome, oslat_json, Cpus};
+use crate::cpus::Cpus;
+use crate::defaults::BUSY_OWNER;
+use crate::drain::note_outcome;
 use crate::hist::Histogram;
 use crate::json::{self, Interruptions, ProbePreemptions, QpwFields, Settings, ThreadFigures};
 use crate::kernel::info::KernelInfo;
 use crate::load::{LoadReport, Phase, RequesterReport};
-use crate::oslat::{self, OslatConfig, OslatRun};
-use crate::report::{self, Row};
+use crate::oslat::{self, oslat_json, OslatConfig, OslatRun};
 use crate::rt::{self, SysInfo, Warnings};
 use crate::scenario::{self, DrainSpec};
 use crate::svg::{self, Series};
+use crate::table::{self, Row};
 use crate::trace::{tracefs, Session};
 use crate::validate;
 use crate::workload::WorkloadName;
@@ -69,12 +71,6 @@ const OTHER_THRESHOLDS_NS: [u64; 4] = [2000, 5000, 10_000, 20_000];
 /// idle baseline's noise, scaled to the round, would swamp it (kernel-lru triggers 2 drains a
 /// second).
 const MIN_ROUND_DRAINS: u64 = 50;
-
-/// The probe's local operation period in the default run: an owner busy on its lock (a few
-/// turns of the probe's loop), as a service's thread that touches its per-CPU state for every
-/// request is. It is what lets a fenced-mode owner answer a requester's flag in a fraction of a
-/// microsecond instead of taking the fence's interrupt.
-pub const BUSY_OWNER: &str = "100ns";
 
 /// The idle-owner scenario's period (`fenced-idle-<workload>`): the owner spins and touches its
 /// lock only this often, enough to give the drains something to take, too seldom to answer a
@@ -215,7 +211,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Some(list) => {
             let mut modes = Vec::new();
             for m in list.split(',') {
-                let mode = crate::commands::parse_mode(m)
+                let mode = crate::drain::parse_mode(m)
                     .map_err(|_| anyhow!("--modes {list}: `{m}` is not queue, remote or fenced"))?;
                 if !modes.contains(&mode) {
                     modes.push(mode);
@@ -394,7 +390,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let rows = ctx.rows();
     print!(
         "{}",
-        report::table(&rows, Some(ctx.target), ctx.threshold().map(|t| t.0))
+        table::table(&rows, Some(ctx.target), ctx.threshold().map(|t| t.0))
     );
     ctx.print_attribution();
     println!();
@@ -666,7 +662,7 @@ impl Ctx {
         // The idle scenario of this round is merged into its accumulator only afterwards: for
         // it, derive the threshold from its own gaps.
         let threshold_ns = THRESHOLD_NS;
-        let conv = crate::trace_cmd::ticks_to_us(&traced.clock, self.calibration);
+        let conv = crate::probe_trace::ticks_to_us(&traced.clock, self.calibration);
         let gaps: Vec<(u64, u64)> = thread
             .gaps
             .iter()
