@@ -214,8 +214,18 @@ pub fn current_affinity() -> Result<CpuSet> {
     }
 }
 
-/// Restricts the calling thread to `cpus` (`sched_setaffinity`).
+/// Restricts the calling thread to `cpus` (`sched_setaffinity`), after the pin hook, if any
+/// ([`set_pin_hook`]).
 pub fn set_current_affinity(cpus: &CpuSet) -> Result<()> {
+    #[cfg(not(loom))]
+    if !cpus.is_empty() {
+        run_pin_hook(0, cpus)?;
+    }
+    set_affinity_unhooked(cpus)
+}
+
+/// [`set_current_affinity`] without the pin hook.
+fn set_affinity_unhooked(cpus: &CpuSet) -> Result<()> {
     let first = cpus.first().unwrap_or(0);
     #[cfg(loom)]
     {
@@ -239,7 +249,6 @@ pub fn set_current_affinity(cpus: &CpuSet) -> Result<()> {
             // SAFETY: `cpu` was just checked against CPU_SETSIZE.
             unsafe { libc::CPU_SET(cpu, &mut set) };
         }
-        run_pin_hook(0, cpus)?;
         // SAFETY: `set` is a valid `cpu_set_t` of the size passed.
         let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
         if rc != 0 {
@@ -269,11 +278,16 @@ pub fn pin_current_thread(cpu: usize) -> Result<()> {
             max: CpuSet::MAX_CPU,
         });
     }
+    let only = CpuSet::from_iter([cpu]);
+    // First, so that a hook that moves the thread into the cgroup owning `cpu` makes it one
+    // the thread may use.
+    #[cfg(not(loom))]
+    run_pin_hook(0, &only)?;
     let allowed = allowed_cpus()?;
     if !allowed.contains(cpu) {
         return Err(Error::CpuNotAllowed { cpu, allowed });
     }
-    set_current_affinity(&CpuSet::from_iter([cpu]))
+    set_affinity_unhooked(&only)
 }
 
 /// The CPU the calling thread runs on now (`sched_getcpu`), or `None` where the system cannot
