@@ -122,21 +122,22 @@ impl IsolationReport {
                 stayed(&self.irqs_stayed)
             ));
         }
-        l.push(format!(
-            "isolation: the kernel {} cpu {} as isolated (cpu_is_isolated()): {}",
-            if self.kernel_sees_isolated {
-                "counts"
-            } else {
-                "does not count"
-            },
-            self.cpus,
-            if self.kernel_sees_isolated {
-                "mainline's memcg drain skips it"
-            } else {
-                "only boot isolation or a cgroup v2 isolated partition makes it so, so every \
-                 per-CPU drain of the kernel (memcg's included) still reaches it"
-            }
-        ));
+        l.push(if self.kernel_sees_isolated {
+            format!(
+                "isolation: the kernel lists cpu {} as isolated (isolcpus, nohz_full or an \
+                 isolated cgroup v2 partition; cpu_is_isolated() counts a partition from Linux \
+                 6.8, and mainline's memcg drain then skips it: the kernel rows show what this \
+                 kernel does)",
+                self.cpus
+            )
+        } else {
+            format!(
+                "isolation: the kernel does not count cpu {} as isolated (cpu_is_isolated()): \
+                 only boot isolation or a cgroup v2 isolated partition makes it so, so every \
+                 per-CPU drain of the kernel (memcg's included) still reaches it",
+                self.cpus
+            )
+        });
         for r in &self.recovered {
             l.push(format!("isolation: {r}"));
         }
@@ -528,6 +529,25 @@ impl Cgroups {
         }
     }
 }
+
+/// Whether `--isolate` here makes a cgroup v2 isolated partition (cgroup v2 has the cpuset
+/// controller and no v1 cpuset hierarchy is mounted), and so holds the measured CPUs for our
+/// own process's threads alone.
+pub fn makes_v2_partition() -> bool {
+    matches!(
+        Cgroups::find(),
+        Cgroups {
+            v1_cpuset: None,
+            v2_cpuset: Some(_)
+        }
+    )
+}
+
+/// Why kernel-memcg cannot run under a cgroup v2 partition.
+pub const NO_MEMCG_UNDER_PARTITION: &str = "under --isolate's cgroup v2 partition the measured \
+     CPU takes threads of this process only, and kernel-memcg's filler must sit in a memory \
+     cgroup of its own, so it cannot reach the CPU to fill its stock (boot isolation, without \
+     --isolate, has no such limit)";
 
 /// The v1 shield's scheduler-domain part: the root stops balancing, a task-less child cpuset
 /// of the housekeeping CPUs keeps balancing them.

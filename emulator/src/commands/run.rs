@@ -246,6 +246,16 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let asked: Vec<WorkloadName> = if args.workloads.is_none() && tracing {
         let mut all = asked;
         for k in crate::kernel::KernelDrain::ALL {
+            if k == crate::kernel::KernelDrain::Memcg
+                && args.isolate
+                && crate::isolate::makes_v2_partition()
+            {
+                notes.push(format!(
+                    "no {k} row: {}",
+                    crate::isolate::NO_MEMCG_UNDER_PARTITION
+                ));
+                continue;
+            }
             match crate::kernel::preflight(k) {
                 Ok(()) => all.push(WorkloadName::Kernel(k)),
                 Err(e) => notes.push(format!("no {k} row: {e:#}")),
@@ -678,14 +688,20 @@ impl Ctx {
             &conv,
         );
         // For a kernel workload, the gaps its own work function made (before `a` is consumed).
-        let kernel_fn = self.scenarios[i]
+        let kernel_fns: Vec<String> = self.scenarios[i]
             .workload
             .kernel()
-            .map(|k| format!("kworker {}", k.work_functions()[0]));
+            .map(|k| {
+                k.drain_functions()
+                    .iter()
+                    .map(|f| format!("kworker {f}"))
+                    .collect()
+            })
+            .unwrap_or_default();
         let (fn_gaps, fn_gaps_us) = a
             .top
             .iter()
-            .filter(|s| Some(&s.source) == kernel_fn.as_ref())
+            .filter(|s| kernel_fns.contains(&s.source))
             .fold((0, 0.0), |(n, t), s| (n + s.count, t + s.total_us));
         let acc = &mut self.scenarios[i];
         for (k, v) in a.by_bucket {
@@ -718,12 +734,21 @@ impl Ctx {
         top.truncate(8);
         acc.attribution.top = top;
         if let Some(k) = acc.workload.kernel() {
-            let function = k.work_functions()[0];
+            let names = k.drain_functions();
+            // The name this kernel uses, as seen on the target (else the newest).
+            let mut function = names[0];
             if let Some(t) = traced.timeline.cpus.get(&self.target) {
+                if let Some(w) = t.work.iter().find(|w| names.contains(&w.function.as_str())) {
+                    function = names
+                        .iter()
+                        .copied()
+                        .find(|n| *n == w.function)
+                        .unwrap_or(function);
+                }
                 let runs: Vec<f64> = t
                     .work
                     .iter()
-                    .filter(|w| w.function == function)
+                    .filter(|w| names.contains(&w.function.as_str()))
                     .map(|w| conv(w.end.saturating_sub(w.start)))
                     .collect();
                 // A drain "reaches" the target when its work function runs there.
@@ -741,6 +766,9 @@ impl Ctx {
                     function: function.to_string(),
                     ..KernelWork::default()
                 });
+            if function != names[0] {
+                work.function = function.to_string();
+            }
             work.drains += drains;
             work.gaps += fn_gaps;
             work.gaps_us += fn_gaps_us;
@@ -1095,11 +1123,24 @@ impl Ctx {
         lines.push(self.threshold_line());
         if self.isolate {
             lines.extend(self.isolation_lines());
+        } else if let Some(how) = rt::isolation_of(self.target) {
+            self.notes.push(format!(
+                "the target, cpu {}, is isolated by the kernel ({how}): what reaches it is the \
+                 kernel's own per-CPU work, the tick where it still runs, and the modes' own",
+                self.target
+            ));
         } else {
             self.notes.push(
                 "no isolated CPU here: the figures carry the machine's own noise (including \
                  millisecond gaps on an idle vCPU), so compare the modes within this run, as \
                  ratios and counts, not with other machines"
+                    .to_string(),
+            );
+        }
+        if rt::emulated_cpu() {
+            self.notes.push(
+                "the CPUs are emulated (qemu TCG): every time is stretched, so read the counts \
+                 and ratios (what ran on the target, per drain), not the microseconds"
                     .to_string(),
             );
         }

@@ -106,7 +106,17 @@ impl KernelDrain {
         }
     }
 
-    /// The work functions a trigger queues to each CPU on a 6.18 kernel.
+    /// The work function whose run on a CPU is the drain reaching it, under each name it has
+    /// had: the first is 6.18's, the others older kernels' (`drain_local_stock` before 6.16
+    /// split memcg's stock in two).
+    pub fn drain_functions(self) -> &'static [&'static str] {
+        match self {
+            KernelDrain::Memcg => &["drain_local_memcg_stock", "drain_local_stock"],
+            k => &k.work_functions()[..1],
+        }
+    }
+
+    /// The work functions a trigger queues to each CPU, on 6.18 and, where it differs, before.
     pub fn work_functions(self) -> &'static [&'static str] {
         match self {
             KernelDrain::Lru => &["lru_add_drain_per_cpu"],
@@ -340,6 +350,9 @@ impl Filler {
         // Under --isolate's cgroup v2 partition the filler moves its thread in before it pins
         // itself there (which a filler in a memory cgroup of its own cannot).
         if let Some(p) = crate::isolate::partition::active_for_child() {
+            if cgroup.is_some() {
+                bail!("kernel-memcg: {}", crate::isolate::NO_MEMCG_UNDER_PARTITION);
+            }
             cmd.env(crate::isolate::partition::PARTITION_ENV, p);
         }
         if let Some(cg) = cgroup {
