@@ -186,8 +186,9 @@ pub struct DrainArgs {
     #[arg(long)]
     pub no_rt_throttling: bool,
     /// Isolate the measured CPU(s) at run time for the run (root only): other processes'
-    /// threads, unbound workqueues and interrupts are moved to the other CPUs, and on cgroup v1
-    /// the root cpuset stops load balancing over them; all of it is put back at exit, Ctrl-C
+    /// threads, unbound workqueues and interrupts are moved to the other CPUs; on cgroup v1 the
+    /// root cpuset stops load balancing over them, on cgroup v2 they become an isolated cpuset
+    /// partition that the probe's threads join; all of it is put back at exit, Ctrl-C
     /// included. Not boot isolation: the tick still runs there.
     #[arg(long)]
     pub isolate: bool,
