@@ -39,7 +39,9 @@ use anyhow::{bail, Context, Result};
 use qpw_core::CpuSet;
 use serde::{Deserialize, Serialize};
 
-use super::{all_threads, get_affinity, persist, task_flags, Saved, SavedTask, PF_NO_SETAFFINITY};
+use super::{
+    all_threads, ancestors, get_affinity, persist, task_flags, Saved, SavedTask, PF_NO_SETAFFINITY,
+};
 
 /// The environment variable that hands a child process the partition (`<dir>:<root>:<cpus>`),
 /// so that it moves its own thread in before it pins itself there.
@@ -184,12 +186,14 @@ fn build(
         write(control, "+cpuset")?;
     }
     // 2. Every thread's affinity as it is now (kernels before 6.2 reset them as CPUs come and
-    // go from a cpuset), ours but the main thread left out: they are the run's own.
+    // go from a cpuset). Ours but the main thread, and our children's (a filler), are left
+    // out: they are the run's own, and one in the partition could not be given its old CPUs.
     let me = std::process::id() as i32;
     let known: std::collections::HashSet<i32> = s.tasks.iter().map(|t| t.tid).collect();
     for (tgid, tid) in all_threads() {
         if known.contains(&tid)
             || (tgid == me && tid != me)
+            || ancestors(tgid).any(|p| p == me)
             || task_flags(tgid) & PF_NO_SETAFFINITY != 0
         {
             continue;
