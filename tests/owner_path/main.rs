@@ -9,7 +9,7 @@
 //!   mode) have **no atomic read-modify-write** (no `lock`-prefixed instruction, no `xchg`
 //!   with memory), and remote mode's (`FairLock`, through the same default lock) exactly two,
 //!   its compare-and-swap pair;
-//! - no path is longer than its budget: the count at issue 31 plus a margin of two.
+//! - no path is longer than its budget: its count after issue 31 plus a margin of two.
 //!
 //! # The counting rule
 //!
@@ -29,7 +29,8 @@
 //! # How it runs
 //!
 //! Only the release build means anything, so a debug build skips with a message; CI runs
-//! `cargo test --release -p qpw-tests --test owner_path` (`.ci/run`). It needs `objdump`
+//! `cargo test --release -p qpw-tests --test reentrant --test owner_path` (`.ci/run`), one
+//! release build for both. It needs `objdump`
 //! (Debian's binutils) and x86-64, and skips, saying so, without them; the fenced and rseq
 //! paths need restartable sequences, and are skipped, saying so, in the fallback (where those
 //! locks are `FairLock`s). `QPW_SHOW_PATHS=1` prints each path as it was counted.
@@ -80,8 +81,8 @@ mod count {
     struct Case {
         name: &'static str,
         symbol: &'static str,
-        /// The most instructions the path may take: its count at issue 31 (rustc 1.95.0),
-        /// plus two.
+        /// The most instructions the path may take: its count after issue 31's release check
+        /// (rustc 1.95.0; lock_local's paths got shorter by 2-3 there), plus two.
         budget: usize,
         /// How many atomic read-modify-writes it must have.
         locked: usize,
@@ -96,7 +97,7 @@ mod count {
     const FENCED_LOCK_LOCAL: Case = Case {
         name: "fenced, lock_local + release",
         symbol: "qpw_probe_lock_local",
-        budget: 86 + 2,
+        budget: 84 + 2,
         locked: 0,
     };
     const REMOTE_BOUND_SLOT: Case = Case {
@@ -108,13 +109,13 @@ mod count {
     const REMOTE_LOCK_LOCAL: Case = Case {
         name: "remote (FairLock), lock_local + release",
         symbol: "qpw_probe_lock_local",
-        budget: 60 + 2,
+        budget: 58 + 2,
         locked: 2,
     };
     const RSEQ_LOCK_LOCAL: Case = Case {
         name: "queue, RseqLock named, lock_local + release",
         symbol: "qpw_probe_rseq_lock_local",
-        budget: 82 + 2,
+        budget: 79 + 2,
         locked: 0,
     };
 
