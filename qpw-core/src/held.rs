@@ -38,12 +38,13 @@
 //! # The cost
 //!
 //! The list is a `const`-initialised thread-local without a destructor (one access relative
-//! to the thread pointer, no lazy initialisation) of [`CAPACITY`] entries and a count of those
-//! in use: the check reads the count, zero unless the thread already holds a requester's
-//! guard, and scans the entries otherwise; the record takes the first free entry; the drop
-//! frees its own entry, whose index its guard carries. A thread holding more than
-//! [`CAPACITY`] requester's guards at once keeps the later ones unrecorded (no false refusal,
-//! only a missed one).
+//! to the thread pointer, no lazy initialisation) of [`CAPACITY`] entries and a byte with a
+//! bit for each entry in use: the check reads the byte, zero unless the thread already holds
+//! a requester's guard, and otherwise looks at the entries in use; the record takes the first
+//! free entry; the drop clears its own entry's bit, the index its guard carries. A thread
+//! holding more than [`CAPACITY`] requester's guards at once keeps the later ones unrecorded
+//! (no false refusal, only a missed one). `docs/results.md` (section 9) has what this costs
+//! `lock` against the same call without it, measured in one run (`benches/reentry.rs`).
 //!
 //! Under loom there is no list (the models check the locks, not this diagnostic, and loom's
 //! thread-locals cannot be `const`): nothing is recorded and nothing refused.
@@ -52,9 +53,9 @@
 use std::cell::Cell;
 use std::panic::Location;
 
-/// How many requester's guards a thread can have recorded at once: a drain of the LRU holds
-/// two locks of one CPU, a walk one at a time.
-pub(crate) const CAPACITY: usize = 8;
+/// How many requester's guards a thread can have recorded at once (the bits of a `u8`): a
+/// drain of the LRU holds two locks of one CPU, a walk one at a time.
+pub(crate) const CAPACITY: usize = u8::BITS as usize;
 
 /// One recorded hold: the lock's address and where its guard was made.
 #[cfg(not(loom))]
@@ -66,9 +67,9 @@ struct Entry {
 
 #[cfg(not(loom))]
 struct Held {
-    /// How many entries are in use: zero unless the thread holds a requester's guard.
-    live: Cell<usize>,
-    /// The entries; a free one has `lock` 0.
+    /// Which entries are in use, one bit each: zero unless the thread holds a requester's
+    /// guard.
+    used: Cell<u8>,
     entries: [Cell<Entry>; CAPACITY],
 }
 
@@ -76,7 +77,7 @@ struct Held {
 crate::sync::thread_local! {
     static HELD: Held = const {
         Held {
-            live: Cell::new(0),
+            used: Cell::new(0),
             entries: [const {
                 Cell::new(Entry {
                     lock: 0,
@@ -93,15 +94,16 @@ crate::sync::thread_local! {
 pub(crate) fn held_at(lock: usize) -> Option<&'static Location<'static>> {
     #[cfg(not(loom))]
     return HELD.with(|held| {
+        let mut used = held.used.get();
         // Is any requester's guard alive in this thread at all? Usually not.
-        if held.live.get() == 0 {
-            return None;
+        while used != 0 {
+            let entry = held.entries[used.trailing_zeros() as usize].get();
+            if entry.lock == lock {
+                return Some(entry.at);
+            }
+            used &= used - 1;
         }
-        held.entries
-            .iter()
-            .map(Cell::get)
-            .find(|e| e.lock == lock)
-            .map(|e| e.at)
+        None
     });
     #[cfg(loom)]
     {
@@ -110,20 +112,20 @@ pub(crate) fn held_at(lock: usize) -> Option<&'static Location<'static>> {
     }
 }
 
-/// Records that the calling thread now holds the lock at `lock` (not 0) through a guard made
-/// at `at`, and returns the entry, for [`forget`]; `None` (nothing recorded, nothing to
-/// forget) when the list is full.
+/// Records that the calling thread now holds the lock at `lock` through a guard made at `at`,
+/// and returns the entry, for [`forget`]; `None` (nothing recorded, nothing to forget) when
+/// the list is full.
 #[inline]
 pub(crate) fn record(lock: usize, at: &'static Location<'static>) -> Option<usize> {
     #[cfg(not(loom))]
     return HELD.with(|held| {
-        let live = held.live.get();
-        if live == CAPACITY {
+        let used = held.used.get();
+        if used == u8::MAX {
             return None;
         }
-        let entry = held.entries.iter().position(|e| e.get().lock == 0)?;
+        let entry = used.trailing_ones() as usize;
         held.entries[entry].set(Entry { lock, at });
-        held.live.set(live + 1);
+        held.used.set(used | 1 << entry);
         Some(entry)
     });
     #[cfg(loom)]
@@ -137,12 +139,7 @@ pub(crate) fn record(lock: usize, at: &'static Location<'static>) -> Option<usiz
 #[inline]
 pub(crate) fn forget(entry: usize) {
     #[cfg(not(loom))]
-    HELD.with(|held| {
-        let mut e = held.entries[entry].get();
-        e.lock = 0;
-        held.entries[entry].set(e);
-        held.live.set(held.live.get() - 1);
-    });
+    HELD.with(|held| held.used.set(held.used.get() & !(1 << entry)));
     #[cfg(loom)]
     let _ = entry;
 }

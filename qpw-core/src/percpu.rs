@@ -544,6 +544,20 @@ impl<T, L: RawRemoteLock> PerCpu<T, L> {
         })
     }
 
+    /// [`lock`](Self::lock) as it was before issue 31: no look at the thread's list of held
+    /// locks and no entry in it (the debug builds' check stays). Not part of the API: the
+    /// baseline that `benches/reentry.rs` measures `lock` against, in the same run.
+    #[doc(hidden)]
+    #[inline]
+    #[track_caller]
+    pub fn lock_unrecorded(&self, cpu: usize) -> Result<PerCpuGuard<'_, T, L>> {
+        let idx = self.remote_idx(cpu)?;
+        let slot = &self.slots[idx];
+        slot.not_held_here_debug(cpu)?;
+        slot.lock.lock();
+        Ok(PerCpuGuard::new(slot))
+    }
+
     /// Calls `f` on every CPU's slot in turn, each under its lock, from the calling thread,
     /// whatever the CPU's mode: the one sanctioned cross-CPU acquisition in queue mode, meant
     /// for summaries and accounting (what the kernel does with racy `per_cpu()` reads), not for
