@@ -55,6 +55,7 @@ use std::panic::Location;
 
 /// How many requester's guards a thread can have recorded at once (the bits of a `u8`): a
 /// drain of the LRU holds two locks of one CPU, a walk one at a time.
+#[cfg_attr(loom, allow(dead_code))]
 pub(crate) const CAPACITY: usize = u8::BITS as usize;
 
 /// One recorded hold: the lock's address and where its guard was made.

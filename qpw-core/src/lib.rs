@@ -163,22 +163,22 @@
 //! every build**, release included, the *requester's* guards are known: a guard made by
 //! [`PerCpu::lock`], [`PerCpu::try_lock`], [`PerCpu::lock_work`] or a walk
 //! ([`PerCpu::for_each_locked`], [`PerCpu::take_each`], [`PerCpu::read_each`]) sits in a short
-//! thread-local list (eight at once) until it is dropped, and `lock`, `lock_work` and the walks refuse a lock
-//! on that list. That covers `lock` or a second `lock_work` inside `lock_work` (a queue-mode
-//! worker's too), and, in remote and fenced mode, a run that happens at once in a thread that
-//! holds its CPU's lock that way: work that queues itself on its own CPU while it holds the
-//! lock, or a caller that holds it through `lock` and calls `queue_on` or `drain_all` for that
-//! CPU (the run's `lock_work` is refused, and its `queue_on`, or the drain's report for that
-//! CPU, returns the refusal). **Only in debug builds**, where every guard also records its
+//! thread-local list (eight at once) until it is dropped, and `lock`, `lock_work` and the
+//! walks refuse a lock on that list. That covers `lock` or a second `lock_work` inside
+//! `lock_work` (a queue-mode worker's too), and, in remote and fenced mode, a run that happens
+//! at once in a thread that holds its CPU's lock that way: work that queues itself on its own
+//! CPU while it holds the lock, or a caller that holds it through `lock` and calls `queue_on`
+//! or `drain_all` for that CPU (the run's `lock_work` is refused, and its `queue_on`, or the
+//! drain's report for that CPU, returns the refusal). **Only in debug builds**, where every guard also records its
 //! thread in the slot: a hold through the *owner's* calls ([`PerCpu::lock_local`],
 //! [`PerCpu::try_lock_local`], [`BoundSlot::lock`]) asked for again by any call, and an
 //! owner's call under a requester's hold. Why: those calls neither record nor look, so that
 //! their release build runs no instruction it did not run before (`tests/owner_path` counts
 //! them); and the lock word cannot stand in for a record, since it says that a thread of its
 //! CPU holds it, not which one (another thread of that CPU, its worker or a second bound
-//! thread, is waited for, not refused). In a release build those cases wait for
-//! themselves, as a `Mutex` would, and a drain's deadline ends the wait with `LockStall`: run
-//! the tests of owner code that might do this in a debug build. [`BoundSlot::lock`] and the
+//! thread, is waited for, not refused). In a release build those cases wait for themselves,
+//! as a `Mutex` would, and a drain's deadline ends the wait with `LockStall`: run the tests of
+//! owner code that might do this in a debug build. [`BoundSlot::lock`] and the
 //! walks, which return no `Result`, panic with the refusal's message. Not detected in either:
 //! a flush from a thread that holds the lock the flushed work needs waits for that work
 //! forever; and two workers flushing each other's CPUs wait for each other (the kernel's
