@@ -8,6 +8,7 @@
 //! | [`under_load`] | 3. drains while every CPU loops its fast path, and the fast path while drains happen | `under_load_drain`, `under_load_fastpath` |
 //! | [`resctrl`] | 4. a pass over 750 counter files per read path, and the setup apart | `resctrl` |
 //! | [`pool`] | 5. hackbench messages/s through each buffer-pool design, 2-16 threads; 5b. the hook alone, 1-4 threads | `pool`, `pool_hook` |
+//! | [`reentry`] | 9. the release build's re-entrancy check on the requester's `lock`, against the same call without it (issue 31) | `reentry` |
 //!
 //! Run everything:
 //!
@@ -31,6 +32,7 @@ mod caches;
 mod drain;
 mod local;
 mod pool;
+mod reentry;
 mod resctrl;
 mod under_load;
 
@@ -45,7 +47,8 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = local::bench, drain::bench, under_load::bench, resctrl::bench, pool::bench
+    targets = local::bench, drain::bench, under_load::bench, resctrl::bench, pool::bench,
+        reentry::bench
 }
 criterion_main!(benches);
 

@@ -521,6 +521,42 @@ impl Table {
     }
 }
 
+/// Group of bench 9, the release build's re-entrancy check on the requester's path (issue 31).
+pub const REENTRY: &str = "reentry";
+
+/// The pairs of [`REENTRY`]: (bench, its baseline, what they measure).
+pub const REENTRY_PAIRS: &[(&str, &str, &str)] = &[
+    (
+        "lock",
+        "lock_unrecorded",
+        "`PerCpu::lock` + increment + release of a remote-mode CPU, uncontended, no other guard alive",
+    ),
+    (
+        "lock_one_held",
+        "lock_unrecorded_one_held",
+        "the same while the thread holds one guard of another state (the check scans one entry)",
+    ),
+];
+
+/// The table of bench 9: each `lock` against `lock_unrecorded`, the same call without the
+/// thread's list of held locks, measured in the same run.
+pub fn reentry_table(root: &Path) -> String {
+    let get = |id: &str| median_ns(root, REENTRY, id, None);
+    let mut table = Table::new(&["bench", "what", "median", "baseline", "median", "ratio"]);
+    for &(id, base, what) in REENTRY_PAIRS {
+        let (m, b) = (get(id), get(base));
+        table.row(&[
+            format!("`{id}`"),
+            what.to_string(),
+            fmt_opt(m),
+            format!("`{base}`"),
+            fmt_opt(b),
+            fmt_ratio(m, b),
+        ]);
+    }
+    table.finish()
+}
+
 /// The table of bench 1: every local fast path as a median and as ratios to the two baselines.
 pub fn local_table(root: &Path) -> String {
     let get = |id: &str| median_ns(root, LOCAL, id, None);

@@ -39,7 +39,7 @@ thread_local! {
 
 /// Times `iters` calls of `op` in a plain loop, each result through `black_box`.
 #[inline(always)]
-fn looped<R>(iters: u64, mut op: impl FnMut() -> R) -> Duration {
+pub(crate) fn looped<R>(iters: u64, mut op: impl FnMut() -> R) -> Duration {
     let start = Instant::now();
     for _ in 0..iters {
         black_box(op());

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use qpw_benches::{
     criterion_dir, drain_marginal_line, drain_svg, drain_table, fast_path_bounds_table,
     fenced_drain_table, local_table, machine_description, pool_hook_table, pool_table,
-    resctrl_table, under_load_tables, DRAIN_COUNTER, DRAIN_LRU, DRAIN_MEMCG,
+    reentry_table, resctrl_table, under_load_tables, DRAIN_COUNTER, DRAIN_LRU, DRAIN_MEMCG,
 };
 
 fn main() {
@@ -80,7 +80,12 @@ fn main() {
         out,
         "### 5b. Buffer pool, the hook alone (group `pool_hook`)\n"
     );
-    let _ = write!(out, "{}", pool_hook_table(&root));
+    let _ = writeln!(out, "{}", pool_hook_table(&root));
+    let _ = writeln!(
+        out,
+        "### 9. The release build's re-entrancy check, on the requester's `lock` (group `reentry`)\n"
+    );
+    let _ = write!(out, "{}", reentry_table(&root));
     if let Some(file) = svg {
         if let Err(e) = std::fs::write(&file, drain_svg(&root)) {
             eprintln!("Error: cannot write {}: {e}", file.display());

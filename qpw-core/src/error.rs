@@ -210,8 +210,12 @@ pub enum Error {
     /// again: it would wait for itself for ever. Typically a remote run that takes
     /// [`PerCpu::lock`] of its own CPU inside [`PerCpu::lock_work`], or work that queues itself
     /// on its own CPU while it holds the lock (in remote and fenced mode the nested run happens
-    /// at once, in the same thread). Detected in debug builds (`debug_assertions`), where every
-    /// guard records its thread; a release build waits, as a `Mutex` would.
+    /// at once, in the same thread). Detected in every build when the thread holds the lock
+    /// through a requester's guard (`lock`, `try_lock`, `lock_work`, a walk) and asks through
+    /// a requester's call; when the hold or the request is the owner's (`lock_local`,
+    /// `try_lock_local`, `BoundSlot::lock`), only in debug builds (`debug_assertions`), where
+    /// every guard records its thread, and a release build waits, as a `Mutex` would (the
+    /// crate docs' "Lifecycle and failure" say why).
     ///
     /// [`PerCpu::lock`]: crate::PerCpu::lock
     /// [`PerCpu::lock_work`]: crate::PerCpu::lock_work

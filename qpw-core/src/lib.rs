@@ -156,20 +156,34 @@
 //! for the calling thread is refused with [`Error::SelfFlush`]: a work item on a CPU's worker
 //! flushing a run still in that worker's queue (itself, or another item queued to the same
 //! CPU), or an owner flushing its own mailbox while a run waits there; the run happens once
-//! the current item returns (or at the owner's next poll). A thread that asks for a per-CPU
-//! lock it already holds through a guard (`lock`, `lock_work` or `lock_local` while its guard
-//! is alive; or, in remote and fenced mode, work that queues itself on its own CPU from
-//! inside a run that holds the lock, since the nested run happens at once in the same thread)
-//! gets [`Error::Reentrant`], naming the CPU, in debug builds, where every guard records its
-//! thread (the nested run's refusal is what its `queue_on` returns); [`BoundSlot::lock`] and
-//! the walks, which return no `Result`, panic with that message. Release builds keep no such
-//! record, so that the owner's path costs what it did, and there the same code waits for
-//! itself like a `Mutex` (a drain's deadline ends the wait with `LockStall`): run the tests
-//! of code that might do this in a debug build. Not detected in either: a flush from a thread
-//! that holds the lock the flushed work needs waits for that work forever; and two workers
-//! flushing each other's CPUs wait for each other (the kernel's `flush_work` has the same
-//! hazards, which lockdep reports). Use `flush_timeout` and `drain_all_timeout` where such a
-//! cycle is possible.
+//! the current item returns (or at the owner's next poll).
+//!
+//! A thread that asks for a per-CPU lock it already holds would wait for itself; where that
+//! can be told it gets [`Error::Reentrant`] instead, naming the CPU and both call sites. **In
+//! every build**, release included, the *requester's* guards are known: a guard made by
+//! [`PerCpu::lock`], [`PerCpu::try_lock`], [`PerCpu::lock_work`] or a walk
+//! ([`PerCpu::for_each_locked`], [`PerCpu::take_each`], [`PerCpu::read_each`]) sits in a short
+//! thread-local list (eight at once) until it is dropped, and `lock`, `lock_work` and the
+//! walks refuse a lock on that list. That covers `lock` or a second `lock_work` inside
+//! `lock_work` (a queue-mode worker's too), and, in remote and fenced mode, a run that happens
+//! at once in a thread that holds its CPU's lock that way: work that queues itself on its own
+//! CPU while it holds the lock, or a caller that holds it through `lock` and calls `queue_on`
+//! or `drain_all` for that CPU (the run's `lock_work` is refused, and its `queue_on`, or the
+//! drain's report for that CPU, returns the refusal). **Only in debug builds**, where every guard also records its
+//! thread in the slot: a hold through the *owner's* calls ([`PerCpu::lock_local`],
+//! [`PerCpu::try_lock_local`], [`BoundSlot::lock`]) asked for again by any call, and an
+//! owner's call under a requester's hold. Why: those calls neither record nor look, so that
+//! their release build runs no instruction it did not run before (`tests/owner_path` counts
+//! them); and the lock word cannot stand in for a record, since it says that a thread of its
+//! CPU holds it, not which one (another thread of that CPU, its worker or a second bound
+//! thread, is waited for, not refused). In a release build those cases wait for themselves,
+//! as a `Mutex` would, and a drain's deadline ends the wait with `LockStall`: run the tests of
+//! owner code that might do this in a debug build. [`BoundSlot::lock`] and the
+//! walks, which return no `Result`, panic with the refusal's message. Not detected in either:
+//! a flush from a thread that holds the lock the flushed work needs waits for that work
+//! forever; and two workers flushing each other's CPUs wait for each other (the kernel's
+//! `flush_work` has the same hazards, which lockdep reports). Use `flush_timeout` and
+//! `drain_all_timeout` where such a cycle is possible.
 //!
 //! **Panics** are caught and reported exactly once, to the call they belong to: a remote
 //! run's to the `queue_on` or `drain_all` that ran it; a queued run's to the first flush that
@@ -249,6 +263,7 @@ pub mod cross_call;
 mod error;
 pub mod fenced_lock;
 mod gate;
+mod held;
 mod instance;
 mod mode;
 pub mod owner;

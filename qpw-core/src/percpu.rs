@@ -19,6 +19,8 @@ const MIGRATION_RETRIES: usize = 3;
 struct Slot<T, L> {
     lock: L,
     data: UnsafeCell<T>,
+    /// The slot's CPU, for [`PerCpuGuard::cpu`].
+    cpu: usize,
     /// Debug builds: the thread that holds `lock` through a guard (its
     /// [`thread_token`](crate::sync::thread_token), or `NO_THREAD`), so that a thread
     /// asking for a lock it holds gets [`Error::Reentrant`] instead of waiting for itself.
@@ -30,25 +32,51 @@ struct Slot<T, L> {
 }
 
 impl<T, L> Slot<T, L> {
-    /// [`Error::Reentrant`] if the calling thread holds this slot's lock through a guard
-    /// (debug builds only; release builds keep no record, and this is always `Ok`).
+    /// The requester's check, in every build: [`Error::Reentrant`] if the calling thread holds
+    /// this slot's lock through a requester's guard (recorded in the thread's list,
+    /// `held.rs`), or, in debug builds, through any guard.
     #[inline(always)]
     #[track_caller]
     fn not_held_here(&self, cpu: usize) -> Result<()> {
+        if let Some(held_at) = crate::held::held_at(self.key()) {
+            return Err(reentrant(cpu, held_at));
+        }
+        self.not_held_here_debug(cpu)
+    }
+
+    /// The owner's check: [`Error::Reentrant`] if the calling thread holds this slot's lock
+    /// through a guard, in debug builds; always `Ok` in release builds, where the owner's path
+    /// (`lock_local`, [`BoundSlot::lock`]) looks at no record, so that it costs what it did.
+    #[inline(always)]
+    #[track_caller]
+    fn not_held_here_debug(&self, cpu: usize) -> Result<()> {
         #[cfg(all(debug_assertions, not(loom)))]
         if self.holder.load(crate::sync::Ordering::Relaxed) == crate::sync::thread_token() {
             let held = self.held_at.load(crate::sync::Ordering::Relaxed);
             // SAFETY: `held_at` only ever holds null or a `&'static Location` stored by
             // `PerCpuGuard::new`, which lives for the whole program.
             let held_at = unsafe { held.as_ref() }.unwrap_or(std::panic::Location::caller());
-            return Err(Error::Reentrant {
-                cpu,
-                held_at,
-                asked_at: std::panic::Location::caller(),
-            });
+            return Err(reentrant(cpu, held_at));
         }
         let _ = cpu;
         Ok(())
+    }
+
+    /// What the thread's list of held locks knows this slot's lock by: its address.
+    #[inline(always)]
+    fn key(&self) -> usize {
+        &self.lock as *const L as usize
+    }
+}
+
+/// The refusal of a request, at the caller's location, for a lock held since `held_at`.
+#[cold]
+#[track_caller]
+fn reentrant(cpu: usize, held_at: &'static std::panic::Location<'static>) -> Error {
+    Error::Reentrant {
+        cpu,
+        held_at,
+        asked_at: std::panic::Location::caller(),
     }
 }
 
@@ -143,6 +171,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
                 CachePadded::new(Slot {
                     lock: L::for_cpu_in(phys, mode),
                     data: UnsafeCell::new(init(cpu)),
+                    cpu,
                     #[cfg(all(debug_assertions, not(loom)))]
                     holder: crate::sync::Unmodelled64::new(crate::sync::NO_THREAD),
                     #[cfg(all(debug_assertions, not(loom)))]
@@ -189,31 +218,39 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     pub fn lock_local(&self) -> Result<PerCpuGuard<'_, T, L>> {
         let (cpu, idx) = self.local_slot()?;
         let slot = &self.slots[idx];
-        slot.not_held_here(cpu)?;
+        slot.not_held_here_debug(cpu)?;
         if slot.lock.lock_on_current_cpu() == LocalAttempt::Locked {
-            return Ok(PerCpuGuard::new(slot, cpu));
+            return Ok(PerCpuGuard::new(slot));
         }
-        self.lock_local_migrated()
+        // The guard is made here, not in the cold call, so that on both ways out the compiler
+        // sees an owner's guard built: the drop's test of the record then folds away, and the
+        // owner's release stays inline.
+        Ok(PerCpuGuard::new(self.lock_local_migrated()?))
     }
 
     /// `lock_local` after the thread turned out to run elsewhere than the CPU it read (only a
     /// lock that checks where the thread runs, such as [`RseqLock`](crate::RseqLock), says
-    /// so): take the new CPU's lock instead. A thread that keeps moving (or is bound to a CPU
-    /// it no longer runs on) ends with a plain `lock`, which such a lock takes from anywhere,
-    /// only more slowly. Out of line, so that the fast path stays small.
+    /// so): take the new CPU's lock instead, and return its slot, whose lock the caller now
+    /// holds. A thread that keeps moving (or is bound to a CPU it no longer runs on) ends with
+    /// a plain `lock`, which such a lock takes from anywhere, only more slowly. Out of line, so
+    /// that the fast path stays small.
     #[cold]
     #[inline(never)]
     #[track_caller]
-    fn lock_local_migrated(&self) -> Result<PerCpuGuard<'_, T, L>> {
+    fn lock_local_migrated(&self) -> Result<&Slot<T, L>> {
         let (mut cpu, mut idx) = self.local_slot()?;
         for _ in 1..MIGRATION_RETRIES {
             let slot = &self.slots[idx];
             if slot.lock.lock_on_current_cpu() == LocalAttempt::Locked {
-                return Ok(PerCpuGuard::new(slot, cpu));
+                return Ok(slot);
             }
             (cpu, idx) = self.local_slot()?;
         }
-        self.acquire(idx, cpu)
+        // The owner's call still: no record looked at or added, as on the fast path.
+        let slot = &self.slots[idx];
+        slot.not_held_here_debug(cpu)?;
+        slot.lock.lock();
+        Ok(slot)
     }
 
     /// Like [`lock_local`](Self::lock_local), but gives up at once (`Ok(None)`) when the lock is
@@ -221,8 +258,14 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     #[inline]
     #[track_caller]
     pub fn try_lock_local(&self) -> Result<Option<PerCpuGuard<'_, T, L>>> {
-        let (cpu, idx) = self.local_slot()?;
-        Ok(self.try_acquire(idx, cpu))
+        let (_, idx) = self.local_slot()?;
+        let slot = &self.slots[idx];
+        // The owner's call: its guard is not recorded (a `try` never waits for itself anyway).
+        Ok(if slot.lock.try_lock() {
+            Some(PerCpuGuard::new(slot))
+        } else {
+            None
+        })
     }
 
     /// Locks the CPU a work item runs for (`pw_lock(l, pw_get_cpu(w))`): in queue mode that is
@@ -233,9 +276,11 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// drain's deadline with [`Error::LockStall`], which the drain reports for that CPU, and
     /// the run should return (`let Ok(mut slot) = state.lock_work(ctx) else { return };`).
     /// Taking a lock the same thread already holds (the caller of a remote run, or the run
-    /// itself, twice) is [`Error::Reentrant`] in debug builds (the run then reports it to its
-    /// `queue_on` or drain); a release build waits for itself, as a `Mutex` would, and only the
-    /// deadline ends that wait.
+    /// itself, twice) is [`Error::Reentrant`] (the run then reports it to its `queue_on` or
+    /// drain): in every build when the hold is a requester's guard (`lock`, `try_lock`,
+    /// `lock_work`, a walk), in debug builds only when it is the owner's (`lock_local`,
+    /// `try_lock_local`, [`BoundSlot::lock`]), which a release build waits for, as a `Mutex`
+    /// would, until the deadline, if there is one (the crate docs' "Lifecycle and failure").
     ///
     /// # Panics
     ///
@@ -283,7 +328,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
             }
         };
         if taken {
-            return Ok(PerCpuGuard::new(slot, cpu));
+            return Ok(PerCpuGuard::recorded(slot));
         }
         let waited = start.elapsed();
         ctx.note_stall(waited);
@@ -344,7 +389,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
             let guard = match ahead.taken.get_mut(idx) {
                 Some(taken) if *taken => {
                     *taken = false;
-                    PerCpuGuard::new(&self.slots[idx], cpu)
+                    PerCpuGuard::recorded(&self.slots[idx])
                 }
                 _ => self
                     .acquire(idx, cpu)
@@ -439,20 +484,15 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
         self.inner.caller_error()
     }
 
+    /// The requester's acquisition (`lock`, `lock_work`, the walks): refused if the calling
+    /// thread holds the lock already, and recorded as held by it.
     #[inline]
     #[track_caller]
     fn acquire(&self, idx: usize, cpu: usize) -> Result<PerCpuGuard<'_, T, L>> {
         let slot = &self.slots[idx];
         slot.not_held_here(cpu)?;
         slot.lock.lock();
-        Ok(PerCpuGuard::new(slot, cpu))
-    }
-
-    #[inline]
-    #[track_caller]
-    fn try_acquire(&self, idx: usize, cpu: usize) -> Option<PerCpuGuard<'_, T, L>> {
-        let slot = &self.slots[idx];
-        slot.lock.try_lock().then(|| PerCpuGuard::new(slot, cpu))
+        Ok(PerCpuGuard::recorded(slot))
     }
 
     /// The slot index of `cpu`, checking that the caller may take its lock.
@@ -496,7 +536,26 @@ impl<T, L: RawRemoteLock> PerCpu<T, L> {
     #[track_caller]
     pub fn try_lock(&self, cpu: usize) -> Result<Option<PerCpuGuard<'_, T, L>>> {
         let idx = self.remote_idx(cpu)?;
-        Ok(self.try_acquire(idx, cpu))
+        let slot = &self.slots[idx];
+        Ok(if slot.lock.try_lock() {
+            Some(PerCpuGuard::recorded(slot))
+        } else {
+            None
+        })
+    }
+
+    /// [`lock`](Self::lock) as it was before issue 31: no look at the thread's list of held
+    /// locks and no entry in it (the debug builds' check stays). Not part of the API: the
+    /// baseline that `benches/reentry.rs` measures `lock` against, in the same run.
+    #[doc(hidden)]
+    #[inline]
+    #[track_caller]
+    pub fn lock_unrecorded(&self, cpu: usize) -> Result<PerCpuGuard<'_, T, L>> {
+        let idx = self.remote_idx(cpu)?;
+        let slot = &self.slots[idx];
+        slot.not_held_here_debug(cpu)?;
+        slot.lock.lock();
+        Ok(PerCpuGuard::new(slot))
     }
 
     /// Calls `f` on every CPU's slot in turn, each under its lock, from the calling thread,
@@ -556,13 +615,13 @@ impl<'a, T, L: RawLocalLock> BoundSlot<'a, T, L> {
     #[inline(always)]
     #[track_caller]
     pub fn lock(&self) -> PerCpuGuard<'a, T, L> {
-        if let Err(e) = self.slot.not_held_here(self.cpu) {
+        if let Err(e) = self.slot.not_held_here_debug(self.cpu) {
             panic!("qpw: {e}");
         }
         if self.slot.lock.lock_on_current_cpu() != LocalAttempt::Locked {
             self.slot.lock.lock();
         }
-        PerCpuGuard::new(self.slot, self.cpu)
+        PerCpuGuard::new(self.slot)
     }
 
     /// The slot's CPU.
@@ -583,18 +642,47 @@ impl<T, L: RawLocalLock> fmt::Debug for BoundSlot<'_, T, L> {
 /// thread that took it.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct PerCpuGuard<'a, T, L: RawLocalLock = PwLock> {
-    lock: &'a L,
+    /// The slot's lock, taken from a pointer to the whole slot (so that [`PerCpuGuard::cpu`]
+    /// may read the slot's CPU through it).
+    lock: *const L,
+    /// `lock` itself in an owner's guard; in a requester's guard, `lock` moved on by one byte
+    /// more than the index of its entry in the thread's list of held locks (`held.rs`): an
+    /// address never dereferenced, only compared with `lock`.
+    ///
+    /// Why a second copy of the lock's address rather than a flag: the owner's guard must be
+    /// built and dropped with the very instructions it was before the list existed. A flag
+    /// costs a store wherever the guard goes through memory (as a `Result` returned to the
+    /// caller does), where this word takes the place of the CPU, which the slot now keeps;
+    /// and the drop's test, `mark == lock`, is one the compiler settles wherever it sees an
+    /// owner's guard built, where the two are one value, even before it decides whether to
+    /// inline the drop there (a test of a bit of a word it cannot see would leave the drop too
+    /// large to inline). Issue 31 tried both, counting the owner's path in `tests/owner_path`.
+    mark: *const L,
     #[cfg(all(debug_assertions, not(loom)))]
     holder: &'a crate::sync::Unmodelled64,
     ptr: ManuallyDrop<MutPtr<T>>,
-    cpu: usize,
+    _slot: PhantomData<&'a Slot<T, L>>,
     _not_send: PhantomData<*const ()>,
 }
 
 impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
+    /// A requester's guard (`lock`, `try_lock`, `lock_work`, the walks): recorded in the
+    /// thread's list of held locks until it is dropped.
     #[inline]
     #[track_caller]
-    fn new(slot: &'a Slot<T, L>, cpu: usize) -> Self {
+    fn recorded(slot: &'a Slot<T, L>) -> Self {
+        let mut guard = Self::new(slot);
+        if let Some(entry) = crate::held::record(slot.key(), std::panic::Location::caller()) {
+            guard.mark = guard.lock.wrapping_byte_add(entry + 1);
+        }
+        guard
+    }
+
+    /// An owner's guard (`lock_local`, `try_lock_local`, `BoundSlot::lock`): recorded only in
+    /// debug builds, by the slot.
+    #[inline]
+    #[track_caller]
+    fn new(slot: &'a Slot<T, L>) -> Self {
         #[cfg(all(debug_assertions, not(loom)))]
         {
             slot.holder
@@ -603,12 +691,17 @@ impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
             slot.held_at
                 .store(at.cast_mut(), crate::sync::Ordering::Relaxed);
         }
+        let whole: *const Slot<T, L> = slot;
+        // SAFETY: a field of the slot `slot` points to; the pointer keeps the whole slot's
+        // provenance.
+        let lock = unsafe { &raw const (*whole).lock };
         Self {
-            lock: &slot.lock,
+            lock,
+            mark: lock,
             #[cfg(all(debug_assertions, not(loom)))]
             holder: &slot.holder,
             ptr: ManuallyDrop::new(slot.data.get_mut()),
-            cpu,
+            _slot: PhantomData,
             _not_send: PhantomData,
         }
     }
@@ -617,7 +710,13 @@ impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
     /// `T`).
     #[inline]
     pub fn cpu(this: &Self) -> usize {
-        this.cpu
+        let slot = this
+            .lock
+            .wrapping_byte_sub(std::mem::offset_of!(Slot<T, L>, lock))
+            .cast::<Slot<T, L>>();
+        // SAFETY: `lock` was taken from a pointer to the whole slot (`new`), which the guard
+        // borrows for `'a`; this goes back to the slot within that same allocation.
+        unsafe { (*slot).cpu }
     }
 }
 
@@ -648,16 +747,21 @@ impl<T, L: RawLocalLock> Drop for PerCpuGuard<'_, T, L> {
         #[cfg(all(debug_assertions, not(loom)))]
         self.holder
             .store(crate::sync::NO_THREAD, crate::sync::Ordering::Relaxed);
-        // SAFETY: the guard was made only after its lock was taken, and each guard releases
-        // the hold it was made for, once.
-        unsafe { self.lock.unlock() };
+        // A requester's guard leaves the thread's list. In an owner's guard `mark` is `lock`,
+        // and the compiler, seeing one value in both, drops this test.
+        if !std::ptr::eq(self.mark, self.lock) {
+            crate::held::forget(self.mark.addr().wrapping_sub(self.lock.addr()) - 1);
+        }
+        // SAFETY: `lock` points to the slot's lock, borrowed for `'a` (`_slot`); the guard was
+        // made only after it was taken, and each guard releases the hold it was made for, once.
+        unsafe { (*self.lock).unlock() };
     }
 }
 
 impl<T: fmt::Debug, L: RawLocalLock> fmt::Debug for PerCpuGuard<'_, T, L> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PerCpuGuard")
-            .field("cpu", &self.cpu)
+            .field("cpu", &Self::cpu(self))
             .field("data", &**self)
             .finish()
     }

@@ -445,9 +445,13 @@ impl PerCpuWork {
     /// [`Error::ShutDown`] once the instance has begun to shut down, in every mode. Allocates
     /// nothing.
     ///
-    /// A remote run takes the target CPU's lock in the caller, with no deadline: if the caller
-    /// (or the run itself, a second time) already holds that lock, it waits for itself, as with
-    /// a `Mutex`. [`drain_all_timeout`](Self::drain_all_timeout) bounds that wait.
+    /// A remote run takes the target CPU's lock in the caller, with no deadline. If the caller
+    /// (or the run itself, a second time) already holds that lock through a requester's guard
+    /// (`lock`, `try_lock`, `lock_work`, a walk), the run's `lock_work` is refused and this
+    /// call returns [`Error::Reentrant`], in every build; through the owner's guard
+    /// (`lock_local`, `BoundSlot::lock`) that happens in debug builds only, and a release
+    /// build waits for itself, as with a `Mutex`:
+    /// [`drain_all_timeout`](Self::drain_all_timeout) bounds that wait.
     #[inline]
     pub fn queue_on(&self, cpu: usize) -> Result<bool> {
         let shared = &*self.shared;
