@@ -204,7 +204,7 @@ fn leftovers(pid: u32) -> Vec<String> {
             continue;
         }
         if f[2] == "tracefs" {
-            if f[1].contains("qpw-emu-tracefs") {
+            if f[1].ends_with(&format!("qpw-emu-tracefs-{pid}")) {
                 found.push(format!("tracefs mounted on {}", f[1]));
             }
             let inst = std::path::Path::new(f[1]).join("instances").join(&name);
