@@ -209,6 +209,23 @@ fn changed(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) 
     out
 }
 
+/// The snapshot keys of the interrupts whose old CPU a run said it could not give back
+/// (`irq N is back in its mask ... but stays on cpu ...`): the kernel moves such an interrupt
+/// (an IO-APIC's, a non-remapped MSI's on x86) only when it fires, and one that did not fire
+/// while the run waited stays where the run had moved it, inside its restored mask. Its mask is
+/// still compared; only where the kernel delivers it is not.
+fn stayed(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("qpw-emu: isolation: irq ")?;
+            let (irq, rest) = rest.split_once(' ')?;
+            rest.starts_with("is back in its mask")
+                .then(|| format!("irq /proc/irq/{irq} effective"))
+        })
+        .collect()
+}
+
 /// The last allowed CPU, when another is left for everything else.
 fn target() -> Option<usize> {
     let allowed = qpw_core::allowed_cpus().unwrap();
@@ -351,6 +368,14 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
         ])
     };
     let before = snapshot();
+    // Interrupts a run said stay on the housekeeping CPU (see `stayed`), from every run so far.
+    let mut excused: Vec<String> = Vec::new();
+    let changed_since = |excused: &[String]| -> Vec<String> {
+        changed(&before, &snapshot())
+            .into_iter()
+            .filter(|c| !excused.iter().any(|k| c.starts_with(&format!("{k}:"))))
+            .collect()
+    };
 
     // During a run: nothing movable left on the CPU, the workqueues off it. The run lasts a
     // minute and is ended by Ctrl-C once everything has been looked at, so that each look is
@@ -369,6 +394,7 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    excused.extend(stayed(&stderr));
     assert!(
         left.is_empty(),
         "movable threads left on cpu {cpu}: {left:?}"
@@ -380,7 +406,7 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
         "the workqueue mask never changed"
     );
     assert_eq!(
-        changed(&before, &snapshot()),
+        changed_since(&excused),
         Vec::<String>::new(),
         "after Ctrl-C"
     );
@@ -390,9 +416,9 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("qpw-emu: isolation: cpu"), "{stderr}");
-    let after = snapshot();
+    excused.extend(stayed(&stderr));
     assert_eq!(
-        changed(&before, &after),
+        changed_since(&excused),
         Vec::<String>::new(),
         "after a normal end"
     );
@@ -408,9 +434,11 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
     wait_isolated(&mut child, cpu);
     signal(&child, libc::SIGINT);
     signal(&child, libc::SIGTERM);
-    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    excused.extend(stayed(&String::from_utf8_lossy(&out.stderr)));
     assert_eq!(
-        changed(&before, &snapshot()),
+        changed_since(&excused),
         Vec::<String>::new(),
         "after a second Ctrl-C"
     );
@@ -425,8 +453,9 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
     let out = run("1").output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    excused.extend(stayed(&stderr));
     assert_eq!(
-        changed(&before, &snapshot()),
+        changed_since(&excused),
         Vec::<String>::new(),
         "after a SIGKILL and another run"
     );
@@ -468,8 +497,9 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("put back now"), "{stderr}");
+    excused.extend(stayed(&stderr));
     assert_eq!(
-        changed(&before, &snapshot()),
+        changed_since(&excused),
         Vec::<String>::new(),
         "after a SIGKILL and a run through sh and timeout"
     );
