@@ -395,14 +395,15 @@ fn cyclictest_distance() {
 #[test]
 fn cyclictest_duration() {
     // cyclictest flag: -D --duration (0 or none: until stopped)
-    // What -D decides, whatever the machine's load: the run ends by itself, not before
-    // 300 ms (a bound the clock keeps, not a measurement), and with at most about 300
-    // wake-ups at 1 ms (deadlines are absolute: a late wake-up is not made up by extra ones).
-    // How many of them a busy machine grants a SCHED_OTHER thread is not asserted.
+    // What -D decides, whatever the machine's load: the run takes it as 0.3 s, ends by itself,
+    // not before 300 ms (a bound the clock keeps, not a measurement), and with at most about
+    // 300 wake-ups at 1 ms (deadlines are absolute: a late wake-up is not made up by extra
+    // ones). How many of them a busy machine grants a SCHED_OTHER thread is not asserted.
     let start = std::time::Instant::now();
     let o = run("cyclictest -D 300ms -q -i 1000 --json={dir}/out.json");
     let took = start.elapsed();
-    let c = o.ok().thread(0)["cycles"].as_u64().unwrap();
+    assert_eq!(o.ok().json()["settings"]["duration_s"], 0.3);
+    let c = o.thread(0)["cycles"].as_u64().unwrap();
     assert!((1..=320).contains(&c), "{c}");
     assert!(
         took >= std::time::Duration::from_millis(300),
