@@ -201,9 +201,14 @@ fn oslat_cpu_main_thread() {
 #[test]
 fn oslat_duration() {
     // oslat flag: -D --duration (default 1 s, as oslat)
-    let o = run("oslat -c 1 -D 300ms -q --json={dir}/out.json");
-    let d = o.ok().thread(0)["duration"].as_f64().unwrap();
-    assert!((0.2..0.6).contains(&d), "{d}");
+    // The setting as the run took it, and a probe that measured for about that long, not a
+    // fraction of it. No upper bound: on a busy machine the main thread that ends the window
+    // and the probe that sees the end may both wake late (1.6 and 2.4 s beside stress-ng).
+    let o = run("oslat -c 1 -D 300ms --json={dir}/out.json");
+    let d = o.ok().has("Total runtime: \t\t0.300 seconds").thread(0)["duration"]
+        .as_f64()
+        .unwrap();
+    assert!(d >= 0.2, "{d}");
     run("oslat -c 1").ok().has("Total runtime: \t\t1 seconds");
 }
 
@@ -336,7 +341,9 @@ fn cyclictest_breaktrace() {
 #[test]
 fn cyclictest_loops_end_every_thread_with_the_first() {
     // Thread 1's interval is 1000 + 500 us (-d's default distance): about 2/3 of thread 0's
-    // cycles when thread 0 reaches 150.
+    // cycles when thread 0 reaches 150. Which thread gets there first is the scheduler's
+    // business on a busy machine (a late wake-up is a lost cycle, not a delayed one): the
+    // test asks only that one did and stopped the other.
     let o = run("cyclictest -l 150 -q -t 2 -i 1000");
     let cycles: Vec<u64> = o
         .ok()
@@ -354,8 +361,13 @@ fn cyclictest_loops_end_every_thread_with_the_first() {
         })
         .collect();
     assert_eq!(cycles.len(), 2, "{}", o.stdout);
-    assert_eq!(cycles[0], 150, "{}", o.stdout);
-    assert!(cycles[1] < 150, "thread 1 ran to -l too: {}", o.stdout);
+    assert_eq!(
+        cycles.iter().filter(|&&c| c == 150).count(),
+        1,
+        "one thread reached -l and stopped the other: {}",
+        o.stdout
+    );
+    assert!(cycles.iter().all(|&c| c <= 150), "{}", o.stdout);
 }
 
 #[test]
@@ -383,9 +395,20 @@ fn cyclictest_distance() {
 #[test]
 fn cyclictest_duration() {
     // cyclictest flag: -D --duration (0 or none: until stopped)
+    // What -D decides, whatever the machine's load: the run takes it as 0.3 s, ends by itself,
+    // not before 300 ms (a bound the clock keeps, not a measurement), and with at most about
+    // 300 wake-ups at 1 ms (deadlines are absolute: a late wake-up is not made up by extra
+    // ones). How many of them a busy machine grants a SCHED_OTHER thread is not asserted.
+    let start = std::time::Instant::now();
     let o = run("cyclictest -D 300ms -q -i 1000 --json={dir}/out.json");
-    let c = o.ok().thread(0)["cycles"].as_u64().unwrap();
-    assert!((200..=320).contains(&c), "{c}");
+    let took = start.elapsed();
+    assert_eq!(o.ok().json()["settings"]["duration_s"], 0.3);
+    let c = o.thread(0)["cycles"].as_u64().unwrap();
+    assert!((1..=320).contains(&c), "{c}");
+    assert!(
+        took >= std::time::Duration::from_millis(300),
+        "a 300 ms run ended after {took:?}"
+    );
 }
 
 #[test]
@@ -394,17 +417,42 @@ fn cyclictest_fifo() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ct.fifo");
     let reader_path = path.clone();
-    let reader = std::thread::spawn(move || {
-        // Wait for the pipe, then read one round of status lines.
-        for _ in 0..400 {
-            if reader_path.exists() {
-                return std::fs::read_to_string(&reader_path).unwrap_or_default();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            // Wait for the pipe, then read one round of status lines. The pipe is opened
+            // without blocking, so that a reader that comes late (a busy machine: the run may
+            // take seconds to start, and ends by removing its pipe) never waits for a writer
+            // that will not come; it reads until a whole line came or the run has ended.
+            use std::io::Read as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let mut got = Vec::new();
+            let mut pipe = None;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                if pipe.is_none() {
+                    pipe = std::fs::OpenOptions::new()
+                        .read(true)
+                        .custom_flags(libc::O_NONBLOCK)
+                        .open(&reader_path)
+                        .ok();
+                }
+                if let Some(p) = &mut pipe {
+                    let mut buf = [0u8; 4096];
+                    if let Ok(n) = p.read(&mut buf) {
+                        got.extend_from_slice(&buf[..n]);
+                    }
+                    if got.contains(&b'\n') {
+                        break;
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
             }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        String::new()
-    });
+            String::from_utf8_lossy(&got).into_owned()
+        })
+    };
     run(&format!("cyclictest -D 2 -q -F {}", path.display())).ok();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
     let got = reader.join().unwrap();
     assert!(got.starts_with("T: 0 ("), "{got}");
     assert!(!path.exists(), "the pipe is removed at the end");

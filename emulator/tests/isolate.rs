@@ -19,6 +19,11 @@ use common::{as_nobody, is_root};
 
 const WQ: &str = "/sys/devices/virtual/workqueue/cpumask";
 
+/// How long a wait for something a run must get to (its isolation, its partition) may last
+/// before it counts as a hang: far beyond what a busy machine needs, since it only decides
+/// when something is wrong.
+const WATCHDOG: Duration = Duration::from_secs(120);
+
 fn emu(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_qpw-emu"));
     cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -146,7 +151,7 @@ fn check_partition(child: &Child, cpu: usize) {
     let start = Instant::now();
     while read(dir.join("cpuset.cpus.partition")).as_deref() != Some("isolated") {
         assert!(
-            start.elapsed() < Duration::from_secs(30),
+            start.elapsed() < WATCHDOG,
             "no isolated partition at {} (it reads {:?})",
             dir.display(),
             read(dir.join("cpuset.cpus.partition"))
@@ -168,7 +173,7 @@ fn check_partition(child: &Child, cpu: usize) {
             break;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(30),
+            start.elapsed() < WATCHDOG,
             "the probe's thread never joined the partition: {names:?}"
         );
         std::thread::sleep(Duration::from_millis(20));
@@ -204,13 +209,31 @@ fn changed(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) 
     out
 }
 
+/// The snapshot keys of the interrupts whose old CPU a run said it could not give back
+/// (`irq N is back in its mask ... but stays on cpu ...`): the kernel moves such an interrupt
+/// (an IO-APIC's, a non-remapped MSI's on x86) only when it fires, and one that did not fire
+/// while the run waited stays where the run had moved it, inside its restored mask. Its mask is
+/// still compared; only where the kernel delivers it is not.
+fn stayed(stderr: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("qpw-emu: isolation: irq ")?;
+            let (irq, rest) = rest.split_once(' ')?;
+            rest.starts_with("is back in its mask")
+                .then(|| format!("irq /proc/irq/{irq} effective"))
+        })
+        .collect()
+}
+
 /// The last allowed CPU, when another is left for everything else.
 fn target() -> Option<usize> {
     let allowed = qpw_core::allowed_cpus().unwrap();
     (allowed.len() > 1).then(|| allowed.last().unwrap())
 }
 
-/// Waits until the workqueue mask no longer has `cpu` (the child isolated it), at most 30 s.
+/// Waits until the workqueue mask no longer has `cpu` (the child isolated it); a hang past
+/// [`WATCHDOG`] fails.
 fn wait_isolated(child: &mut Child, cpu: usize) {
     let start = Instant::now();
     loop {
@@ -222,7 +245,7 @@ fn wait_isolated(child: &mut Child, cpu: usize) {
             child.try_wait().unwrap().is_none(),
             "qpw-emu ended before isolating"
         );
-        assert!(start.elapsed() < Duration::from_secs(30), "never isolated");
+        assert!(start.elapsed() < WATCHDOG, "never isolated");
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -345,17 +368,33 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
         ])
     };
     let before = snapshot();
+    // Interrupts a run said stay on the housekeeping CPU (see `stayed`), from every run so far.
+    let mut excused: Vec<String> = Vec::new();
+    let changed_since = |excused: &[String]| -> Vec<String> {
+        changed(&before, &snapshot())
+            .into_iter()
+            .filter(|c| !excused.iter().any(|k| c.starts_with(&format!("{k}:"))))
+            .collect()
+    };
 
-    // During a run: nothing movable left on the CPU, the workqueues off it; after a normal
-    // end, everything as it was, and the JSON says what was done.
-    let mut child = run("3").spawn().unwrap();
+    // During a run: nothing movable left on the CPU, the workqueues off it. The run lasts a
+    // minute and is ended by Ctrl-C once everything has been looked at, so that each look is
+    // sure to fall inside it however slowly a busy machine lets this test look; after the
+    // Ctrl-C, everything is as it was.
+    let mut child = run("60").spawn().unwrap();
     wait_isolated(&mut child, cpu);
     check_partition(&child, cpu);
     let left = movable_left_on(cpu, child.id());
     let during = snapshot();
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the 60 s run ended before it was looked at"
+    );
+    signal(&child, libc::SIGINT);
     let out = child.wait_with_output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    excused.extend(stayed(&stderr));
     assert!(
         left.is_empty(),
         "movable threads left on cpu {cpu}: {left:?}"
@@ -366,10 +405,20 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
             .any(|c| c.starts_with("wq:")),
         "the workqueue mask never changed"
     );
-    assert!(stderr.contains("qpw-emu: isolation: cpu"), "{stderr}");
-    let after = snapshot();
     assert_eq!(
-        changed(&before, &after),
+        changed_since(&excused),
+        Vec::<String>::new(),
+        "after Ctrl-C"
+    );
+
+    // A normal end: everything as it was, and the JSON says what was done.
+    let out = run("1").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("qpw-emu: isolation: cpu"), "{stderr}");
+    excused.extend(stayed(&stderr));
+    assert_eq!(
+        changed_since(&excused),
         Vec::<String>::new(),
         "after a normal end"
     );
@@ -380,25 +429,16 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
     assert!(iso["tasks_moved"].as_u64().unwrap() > 0, "{iso}");
     assert!(iso["kernel_sees_isolated"].is_boolean(), "{iso}");
 
-    // One Ctrl-C: the run stops early, ends normally, and puts everything back.
-    let mut child = run("60").spawn().unwrap();
-    wait_isolated(&mut child, cpu);
-    signal(&child, libc::SIGINT);
-    assert!(child.wait().unwrap().success());
-    assert_eq!(
-        changed(&before, &snapshot()),
-        Vec::<String>::new(),
-        "after Ctrl-C"
-    );
-
     // A second signal: the process exits at once; the exit hook puts everything back.
     let mut child = run("60").spawn().unwrap();
     wait_isolated(&mut child, cpu);
     signal(&child, libc::SIGINT);
     signal(&child, libc::SIGTERM);
-    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130));
+    excused.extend(stayed(&String::from_utf8_lossy(&out.stderr)));
     assert_eq!(
-        changed(&before, &snapshot()),
+        changed_since(&excused),
         Vec::<String>::new(),
         "after a second Ctrl-C"
     );
@@ -413,8 +453,9 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
     let out = run("1").output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    excused.extend(stayed(&stderr));
     assert_eq!(
-        changed(&before, &snapshot()),
+        changed_since(&excused),
         Vec::<String>::new(),
         "after a SIGKILL and another run"
     );
@@ -438,7 +479,7 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
     let start = Instant::now();
     while !read(&stat).is_some_and(|s| s.split(") ").nth(1).is_some_and(|r| r.starts_with('Z'))) {
         assert!(
-            start.elapsed().as_secs() < 10,
+            start.elapsed() < WATCHDOG,
             "the killed run never became a zombie"
         );
         std::thread::sleep(Duration::from_millis(5));
@@ -456,8 +497,9 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("put back now"), "{stderr}");
+    excused.extend(stayed(&stderr));
     assert_eq!(
-        changed(&before, &snapshot()),
+        changed_since(&excused),
         Vec::<String>::new(),
         "after a SIGKILL and a run through sh and timeout"
     );

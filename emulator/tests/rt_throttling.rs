@@ -209,7 +209,8 @@ fn no_rt_throttling_is_refused_without_root() {
     assert_eq!(sysctl(), before);
 }
 
-/// Waits until the sysctl reads -1 (the child turned throttling off), at most 30 s.
+/// Waits until the sysctl reads -1 (the child turned throttling off); two minutes, far beyond
+/// what a busy machine needs to start a run, only make a hang a failure.
 fn wait_until_off(child: &mut Child) {
     let start = Instant::now();
     while sysctl() != "-1" {
@@ -218,7 +219,7 @@ fn wait_until_off(child: &mut Child) {
             "qpw-emu ended before turning throttling off"
         );
         assert!(
-            start.elapsed() < Duration::from_secs(30),
+            start.elapsed() < Duration::from_secs(120),
             "never turned off"
         );
         std::thread::sleep(Duration::from_millis(10));

@@ -136,9 +136,19 @@ fn rtevals_command_line_runs_and_writes_its_files() {
         })
         .sum();
     assert_eq!(pipe(OVERFLOWS, &out), over.to_string());
-    // About 10000 wake-ups a second on each thread at 100 us.
+    // At most about 10000 wake-ups a second on each thread at 100 us (deadlines are absolute:
+    // a late wake-up is not made up by extra ones). At SCHED_FIFO 95 (root) no ordinary
+    // thread of a busy machine delays them, so at least a tenth of them come; where the
+    // priority is refused (an ordinary user) the threads run SCHED_OTHER, and how many
+    // wake-ups a busy machine grants them is not this test's business, only that they woke.
+    let sched_other = v["warnings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|w| w.as_str().is_some_and(|w| w.contains("runs SCHED_OTHER")));
+    let least = if sched_other { 1 } else { 1000 };
     let cycles = v["thread"]["0"]["cycles"].as_u64().unwrap();
-    assert!((1000..=11_000).contains(&cycles), "{cycles}");
+    assert!((least..=11_000).contains(&cycles), "{cycles}");
 }
 
 /// OSADL's latency-plot line: `-l... -m -Sp90 -i200 -h400 -q`: one thread per CPU, 400 rows.
