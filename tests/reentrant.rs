@@ -29,7 +29,8 @@ use std::time::Duration;
 use qpw_core::{Error, Mode, PerCpu, PerCpuWork, Policy, Qpw};
 
 /// How long a case may take before it counts as hung.
-const WATCHDOG: Duration = Duration::from_secs(20);
+/// Generous: it tells a hang from a slow machine, and a busy CI machine can be very slow.
+const WATCHDOG: Duration = Duration::from_secs(120);
 
 /// Runs `case` on its own thread; a case that does not answer within [`WATCHDOG`] hung.
 fn watched<R: Send + 'static>(what: &str, case: impl FnOnce() -> R + Send + 'static) -> R {
@@ -178,15 +179,18 @@ fn a_released_lock_or_another_threads_hold_is_no_reentry() {
     let state: PerCpu<u64> = qpw.per_cpu(|_| 0);
     drop(state.lock(cpu).unwrap());
     *state.lock(cpu).unwrap() += 1;
+    let (held_tx, held_rx) = mpsc::channel();
     let other = {
         let state = state.clone();
         std::thread::spawn(move || {
             let _held = state.lock(cpu).unwrap();
+            held_tx.send(()).unwrap();
             std::thread::sleep(Duration::from_millis(50));
         })
     };
-    std::thread::sleep(Duration::from_millis(10));
-    // Held by the other thread: this waits for it rather than being refused.
+    // Held by the other thread when this one asks (it said so, instead of a sleep that a busy
+    // machine can outlast): this waits for it rather than being refused.
+    held_rx.recv().unwrap();
     assert_eq!(*state.lock(cpu).unwrap(), 1);
     other.join().unwrap();
     // Another state's lock of the same CPU is another lock (the LRU's drain holds two).
