@@ -254,8 +254,13 @@ pub struct RseqLock {
     flag_call: AtomicU32,
     /// The generation of the last hand-over, advanced by the releasing holder.
     handoffs: AtomicU32,
+    /// The lock's CPU as the mock kernel keeps it (its aborts and beacon), shared with every
+    /// other lock of the CPU.
     #[cfg(loom)]
-    mock: loom_mock::Cpu,
+    mock: &'static loom_mock::Cpu,
+    /// The waiters asleep on the word, as the mock kernel keeps them.
+    #[cfg(loom)]
+    futex: loom_mock::Futex,
 }
 
 impl fmt::Debug for RseqLock {
@@ -343,24 +348,27 @@ unsafe impl RawLocalLock for RseqLock {
 
     fn for_cpu(phys: usize) -> Self {
         let fallback = !crate::rseq::lock_available();
+        let cpu = if fallback {
+            FALLBACK_CPU
+        } else {
+            u32::try_from(phys)
+                .ok()
+                .filter(|&c| c < FALLBACK_CPU)
+                .unwrap_or(NO_CPU)
+        };
         Self {
             word: AtomicU32::new(FREE),
             waiters: AtomicU32::new(0),
-            cpu: if fallback {
-                FALLBACK_CPU
-            } else {
-                u32::try_from(phys)
-                    .ok()
-                    .filter(|&c| c < FALLBACK_CPU)
-                    .unwrap_or(NO_CPU)
-            },
+            cpu,
             fallback,
             fair: FairLock::new(),
             epoch: AtomicU32::new(0),
             flag_call: AtomicU32::new(0),
             handoffs: AtomicU32::new(0),
             #[cfg(loom)]
-            mock: loom_mock::Cpu::new(),
+            mock: loom_mock::Cpu::of(cpu),
+            #[cfg(loom)]
+            futex: loom_mock::Futex::new(),
         }
     }
 
