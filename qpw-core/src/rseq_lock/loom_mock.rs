@@ -14,13 +14,15 @@
 //! and stores in the same step, as the kernel's abort, which moves the instruction pointer,
 //! makes them one.
 //!
-//! That count and the CPU's beacon are the CPU's, not a lock's: every lock of a CPU finds the
-//! same [`Cpu`] ([`Cpu::of`]), as on a real CPU a thread's sequence aborts whatever sequence
-//! was in flight there, whichever lock it was for, and as the beacon is the CPU's. The table
-//! of mock CPUs is a loom `lazy_static`, made again for each execution; a lock looks its CPU
-//! up when it is made. Loom orders every look-up after the table's making (an acquire of its
-//! release), which adds no order to a model: the table is made with the model's first lock,
-//! before its threads start. The `futex` is the lock's own.
+//! That count and the CPU's beacon are the CPU's, not a lock's: every lock of a CPU, and a
+//! [`Binding`](crate::Binding) of a thread bound there (whose poll answers for the CPU), find
+//! the same [`Cpu`] ([`Cpu::of`]), as on a real CPU a thread's sequence aborts whatever
+//! sequence was in flight there, whichever lock it was for. The table of mock CPUs is a loom
+//! `lazy_static`, made again for each execution; a lock looks its CPU up when it is made and a
+//! binding when it polls. Loom orders every look-up after the table's making (an acquire of
+//! its release), which adds no order to a model: the table is made with the model's first
+//! lock, before its threads start, or by the first poll, which comes after a lock is made. The
+//! `futex` is the lock's own.
 //!
 //! That mutex is taken only at points where the kernel synchronises with the CPU: a sequence's
 //! start and commit, and the fence's interrupt, which is a full barrier on the target CPU that
@@ -83,7 +85,8 @@ impl Cpu {
         }
     }
 
-    /// CPU `cpu`'s state in this execution (the same for every lock of the CPU).
+    /// CPU `cpu`'s state in this execution (the same for every lock of the CPU and every
+    /// binding to it).
     ///
     /// # Panics
     ///
