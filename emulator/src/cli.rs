@@ -1,7 +1,9 @@
 //! The command line, as clap parses it. Numbers with a fixed range, durations and optional
 //! values are parsed here by value parsers whose errors name the flag, the value and the legal
-//! range; CPU lists and the drain options stay text and are checked by `commands` against the
-//! machine (the allowed CPUs), with messages of the same shape.
+//! range; CPU lists and the drain options stay text and are checked by the commands against the
+//! machine (the allowed CPUs: [`crate::cpus`], [`crate::drain`]), with messages of the same
+//! shape. This module declares and validates only: it imports no command (a default that a
+//! command also uses lives in [`crate::defaults`]).
 //!
 //! `qpw-emu oslat` and `qpw-emu cyclictest` take every flag of rt-tests 2.4's tools, with the
 //! real tools' defaults; a link to the binary named `oslat` or `cyclictest` runs that command
@@ -184,8 +186,9 @@ pub struct DrainArgs {
     #[arg(long)]
     pub no_rt_throttling: bool,
     /// Isolate the measured CPU(s) at run time for the run (root only): other processes'
-    /// threads, unbound workqueues and interrupts are moved to the other CPUs, and on cgroup v1
-    /// the root cpuset stops load balancing over them; all of it is put back at exit, Ctrl-C
+    /// threads, unbound workqueues and interrupts are moved to the other CPUs; on cgroup v1 the
+    /// root cpuset stops load balancing over them, on cgroup v2 they become an isolated cpuset
+    /// partition that the probe's threads join; all of it is put back at exit, Ctrl-C
     /// included. Not boot isolation: the tick still runs there.
     #[arg(long)]
     pub isolate: bool,
@@ -234,7 +237,7 @@ pub struct RunArgs {
     #[arg(
         long,
         value_name = "TIME",
-        default_value = crate::experiment::BUSY_OWNER,
+        default_value = crate::defaults::BUSY_OWNER,
         allow_hyphen_values = true
     )]
     pub local_op_every: String,
@@ -593,6 +596,15 @@ pub fn args_for_invocation(
         args.insert(1, tool.into());
     }
     args
+}
+
+/// Whether the program was called by a real tool's name (`oslat`, `cyclictest`: a link), so
+/// that messages name it as the tool would.
+pub fn called_as_tool(argv0: &str) -> bool {
+    let name = std::path::Path::new(argv0)
+        .file_name()
+        .and_then(|n| n.to_str());
+    matches!(name, Some("oslat" | "cyclictest"))
 }
 
 /// What oslat 2.4 prints for a command line it refuses, for a refusal of clap's: getopt's

@@ -18,17 +18,17 @@
 //!    it (the housekeeping CPUs, when it had no other), and so does
 //!    `/proc/irq/default_smp_affinity`; interrupts that refuse (per-CPU and managed ones) are
 //!    listed.
-//! 4. **Scheduler domains** (cgroup v1 cpuset, as `cset shield` does): the root cpuset stops
+//! 4. **Scheduler domains.** On cgroup v1 (as `cset shield` does): the root cpuset stops
 //!    balancing (`cpuset.sched_load_balance = 0`) and a child cpuset of the housekeeping CPUs,
 //!    which holds no task, keeps balancing them, so the measured CPU is in no domain: the
-//!    load balancer no longer pulls to or pushes from it. On cgroup v2 the same comes with an
-//!    isolated partition, which the kernel would also count as isolated (`cpu_is_isolated()`,
-//!    which mainline's memcg drain checks); a partition holds whole processes, and the probe
-//!    shares its process with the requester and the load on the other CPUs, so this module
-//!    does not make one and says so.
+//!    load balancer no longer pulls to or pushes from it. On cgroup v2: an isolated cpuset
+//!    partition, threaded, which the probe's threads join ([`partition`] says how and why);
+//!    the kernel then also counts the CPU as isolated (`cpu_is_isolated()` from 6.8, which
+//!    mainline's memcg drain checks).
 //!
 //! None of this is boot isolation: the tick still runs (no `nohz_full`), RCU callbacks are not
-//! offloaded, and the kernel's own per-CPU work still reaches the CPU. Which of it does is
+//! offloaded, and the kernel's own per-CPU work still reaches the CPU (before 6.8 even with a
+//! v2 partition). Which of it does is
 //! what the kernel rows of the default run then show.
 //!
 //! Restoring: [`Isolation`]'s `Drop` (a normal end, an error, the first Ctrl-C, a panic) and a
@@ -47,6 +47,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::rt::Warnings;
 use crate::trace::tracefs::cpumask_hex;
+
+pub mod partition;
 
 /// The unbound workqueues' CPU mask.
 pub const WQ_CPUMASK: &str = "/sys/devices/virtual/workqueue/cpumask";
@@ -120,21 +122,22 @@ impl IsolationReport {
                 stayed(&self.irqs_stayed)
             ));
         }
-        l.push(format!(
-            "isolation: the kernel {} cpu {} as isolated (cpu_is_isolated()): {}",
-            if self.kernel_sees_isolated {
-                "counts"
-            } else {
-                "does not count"
-            },
-            self.cpus,
-            if self.kernel_sees_isolated {
-                "mainline's memcg drain skips it"
-            } else {
-                "only boot isolation or a cgroup v2 isolated partition makes it so, so every \
-                 per-CPU drain of the kernel (memcg's included) still reaches it"
-            }
-        ));
+        l.push(if self.kernel_sees_isolated {
+            format!(
+                "isolation: the kernel lists cpu {} as isolated (isolcpus, nohz_full or an \
+                 isolated cgroup v2 partition; cpu_is_isolated() counts a partition from Linux \
+                 6.8, and mainline's memcg drain then skips it: the kernel rows show what this \
+                 kernel does)",
+                self.cpus
+            )
+        } else {
+            format!(
+                "isolation: the kernel does not count cpu {} as isolated (cpu_is_isolated()): \
+                 only boot isolation or a cgroup v2 isolated partition makes it so, so every \
+                 per-CPU drain of the kernel (memcg's included) still reaches it",
+                self.cpus
+            )
+        });
         for r in &self.recovered {
             l.push(format!("isolation: {r}"));
         }
@@ -176,6 +179,9 @@ struct Saved {
     files: Vec<SavedFile>,
     /// Directories the run made (a cpuset), removed after the files are written back.
     dirs: Vec<PathBuf>,
+    /// The cgroup v2 isolated partition, if one was made: undone first.
+    #[serde(default)]
+    partition: Option<partition::SavedPartition>,
 }
 
 /// The measured CPUs isolated until dropped.
@@ -429,12 +435,14 @@ fn isolate(
                 .push(shield_v1(&root, cpus, housekeeping, s, state_file)?);
         }
         Cgroups {
-            v2_cpuset: true, ..
-        } => report.steps.push(
-            "scheduler domains unchanged: cgroup v2 isolated partitions hold whole processes, \
-             and the probe shares its process with the requester and the load"
-                .to_string(),
-        ),
+            v2_cpuset: Some(root),
+            ..
+        } => report
+            .steps
+            .push(match partition::make(&root, cpus, s, state_file) {
+                Ok(step) => step,
+                Err(e) => format!("scheduler domains unchanged: no cgroup v2 partition: {e:#}"),
+            }),
         _ => report
             .steps
             .push("scheduler domains unchanged: no cpuset controller mounted".to_string()),
@@ -480,7 +488,8 @@ fn change_file(
 /// The cgroup hierarchies that have the cpuset controller.
 struct Cgroups {
     v1_cpuset: Option<V1Cpuset>,
-    v2_cpuset: bool,
+    /// The cgroup v2 root, where it has the cpuset controller.
+    v2_cpuset: Option<PathBuf>,
 }
 
 /// A cgroup v1 cpuset hierarchy: where it is mounted, and its files' prefix (`cpuset.`, or
@@ -501,7 +510,6 @@ impl Cgroups {
     fn find() -> Self {
         let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
         let mut v1_cpuset = None;
-        let mut v2_cpuset = false;
         for line in mounts.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
             let [_, dir, kind, opts, ..] = f[..] else {
@@ -514,18 +522,32 @@ impl Cgroups {
                     prefix: if noprefix { "" } else { "cpuset." },
                 });
             }
-            if kind == "cgroup2" {
-                let controllers = Path::new(dir).join("cgroup.controllers");
-                v2_cpuset |= std::fs::read_to_string(controllers)
-                    .is_ok_and(|c| c.split_whitespace().any(|c| c == "cpuset"));
-            }
         }
         Self {
             v1_cpuset,
-            v2_cpuset,
+            v2_cpuset: partition::v2_root(&mounts),
         }
     }
 }
+
+/// Whether `--isolate` here makes a cgroup v2 isolated partition (cgroup v2 has the cpuset
+/// controller and no v1 cpuset hierarchy is mounted), and so holds the measured CPUs for our
+/// own process's threads alone.
+pub fn makes_v2_partition() -> bool {
+    matches!(
+        Cgroups::find(),
+        Cgroups {
+            v1_cpuset: None,
+            v2_cpuset: Some(_)
+        }
+    )
+}
+
+/// Why kernel-memcg cannot run under a cgroup v2 partition.
+pub const NO_MEMCG_UNDER_PARTITION: &str = "under --isolate's cgroup v2 partition the measured \
+     CPU takes threads of this process only, and kernel-memcg's filler must sit in a memory \
+     cgroup of its own, so it cannot reach the CPU to fill its stock (boot isolation, without \
+     --isolate, has no such limit)";
 
 /// The v1 shield's scheduler-domain part: the root stops balancing, a task-less child cpuset
 /// of the housekeeping CPUs keeps balancing them.
@@ -616,13 +638,27 @@ fn restore(saved: &Mutex<Option<Saved>>, state_file: Option<&Path>) {
 /// Undoes `s`; returns what could not be undone.
 fn undo(s: &Saved) -> Vec<String> {
     let mut problems = Vec::new();
+    if let Some(p) = &s.partition {
+        problems.extend(partition::undo(p));
+    }
     for f in s.files.iter().rev() {
         if let Some(first) = &f.first {
-            let _ = std::fs::write(&f.path, first);
+            // An interrupt that is still moving refuses a new mask for a moment (EBUSY); and
+            // an interrupt's move may wait for its next delivery (an IO-APIC's does): give it
+            // a moment to land on its old CPU before the wider mask, which keeps it there.
+            let _ = write_retrying(&f.path, first);
+            let effective = f.path.with_file_name("effective_affinity_list");
+            for _ in 0..40 {
+                match std::fs::read_to_string(&effective) {
+                    Ok(e) if e.trim() != first.trim() => {
+                        std::thread::sleep(std::time::Duration::from_millis(5))
+                    }
+                    _ => break,
+                }
+            }
         }
-        if let Err(e) = std::fs::write(&f.path, &f.content) {
-            // Some interrupts refuse writes at times (EPERM while a move is pending): what
-            // matters is that the file reads as it did.
+        if let Err(e) = write_retrying(&f.path, &f.content) {
+            // What matters is that the file reads as it did.
             let now = std::fs::read_to_string(&f.path).unwrap_or_default();
             if now.trim() != f.content.trim() {
                 problems.push(format!("{} = {} ({e})", f.path.display(), f.content));
@@ -675,6 +711,25 @@ fn undo(s: &Saved) -> Vec<String> {
         }
     }
     problems
+}
+
+/// Writes `content` to `path`, again for up to 200 ms while the kernel answers `EBUSY` (an
+/// interrupt whose last move has not finished) or `EPERM` (seen for some while a move is
+/// pending).
+fn write_retrying(path: &Path, content: &str) -> std::io::Result<()> {
+    let mut tries = 40;
+    loop {
+        match std::fs::write(path, content) {
+            Err(e)
+                if tries > 0
+                    && matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::EPERM)) =>
+            {
+                tries -= 1;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// What [`recover_stale`] undid in this process, for the report.
@@ -948,6 +1003,7 @@ mod tests {
                 },
             ],
             dirs: vec![made.clone()],
+            partition: None,
         };
         assert!(undo(&s).is_empty());
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "first");

@@ -43,12 +43,31 @@
 //!
 //! The binary's `main` only prints `Error: {e:#}` and sets the exit code; every option reaches
 //! the commands as text and is validated there, with errors that quote the flag and its legal
-//! range. One module per concern: the probes ([`oslat`], [`cyclictest`]) and what they do alike
-//! with their threads ([`threads`]), their clock ([`clock`]), histograms ([`hist`]), the
-//! real-time setup and its warnings ([`rt`]), Ctrl-C ([`signals`]), the load
-//! ([`load`], [`scenario`]), the built-in minimal workload ([`counter`]), one exporter per
-//! format ([`json`], [`svg`], [`report`]), and the commands ([`commands`], [`experiment`],
-//! [`figures`]).
+//! range. Data flows one way, as in hyperfine and rt-tests: parse, then run, then report.
+//!
+//! 1. **The command line** ([`cli`]) declares the arguments and validates what needs no
+//!    machine. It imports no command: a default that a command also uses lives in
+//!    [`defaults`].
+//! 2. **The commands** ([`commands`]): a dispatcher and one module per command, the default
+//!    experiment ([`commands::run`]), the drop-ins ([`commands::oslat`],
+//!    [`commands::cyclictest`]), [`commands::load`], [`commands::trace`],
+//!    [`commands::report`], [`commands::resctrl`] and [`commands::pool`]. A command uses
+//!    [`cli`]'s argument types and the modules below, never another command nor the
+//!    dispatcher.
+//! 3. **What the commands share**, below them: the CPUs ([`cpus`]), the drain load around a
+//!    probe ([`drain`]), the probes' `--trace` ([`probe_trace`]), the comparison table
+//!    ([`table`]), the oslat JSON ([`oslat::oslat_json`]).
+//! 4. **One module per concern** under those: the probes ([`oslat`], [`cyclictest`]) and what
+//!    they do alike with their threads ([`threads`]), their clock ([`clock`]), histograms
+//!    ([`hist`]), the real-time setup and its warnings ([`rt`]), Ctrl-C ([`signals`]), the
+//!    isolation and RT throttling ([`isolate`], [`throttling`]), the load ([`load`],
+//!    [`scenario`], [`workload`]), the built-in minimal workload ([`counter`]), the kernel's
+//!    own drains ([`kernel`]), the trace ([`trace`]), and one exporter per format ([`json`],
+//!    [`svg`], [`table`]).
+//!
+//! Nothing below the commands imports one: `emulator/tests/layers.rs` fails, naming the file
+//! and the import, when a command reaches another command or the dispatcher, or when
+//! [`cli`] or a module below the commands reaches a command.
 
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 
@@ -56,24 +75,25 @@ pub mod cli;
 pub mod clock;
 pub mod commands;
 pub mod counter;
+pub mod cpus;
 pub mod cyclictest;
-pub mod experiment;
-pub mod figures;
+pub mod defaults;
+pub mod drain;
 pub mod hist;
 pub mod isolate;
 pub mod json;
 pub mod kernel;
 pub mod load;
 pub mod oslat;
+pub mod probe_trace;
 pub mod progress;
-pub mod report;
 pub mod rt;
 pub mod scenario;
 pub mod signals;
 pub mod svg;
+pub mod table;
 pub mod threads;
 pub mod throttling;
 pub mod trace;
-pub mod trace_cmd;
 pub mod validate;
 pub mod workload;

@@ -55,7 +55,7 @@ fn main() {
         a.verbose_before_affinity = verbose_before_affinity;
     }
     if let Err(e) = qpw_emulator::commands::dispatch(cli) {
-        if let Some(exit) = e.downcast_ref::<qpw_emulator::commands::Exit>() {
+        if let Some(exit) = e.downcast_ref::<qpw_emulator::rt::Exit>() {
             std::process::exit(exit.0);
         }
         eprintln!("Error: {}", qpw_emulator::rt::error_chain(&e));

@@ -31,7 +31,9 @@ use qpw_workloads::Workload;
 
 use crate::clock::{ticks, Calibration};
 use crate::hist::Histogram;
-use crate::json::ThreadFigures;
+use crate::json::{
+    Buckets, Envelope, Indexed, Micros, OslatBody, OslatThreadJson, QpwFields, ThreadFigures,
+};
 use crate::load::Phase;
 use crate::progress::Progress;
 use crate::threads;
@@ -169,6 +171,43 @@ impl OslatRun {
             })
             .collect()
     }
+}
+
+/// oslat's rounding of a gap for `min` and `max`: with whole-microsecond buckets, the upper
+/// edge of the gap's 1 us slot (oslat 2.4: `floor(cycles / MHz) + 1`); else microseconds with
+/// three decimals.
+pub fn oslat_micros(ns: u64, width_ns: u64) -> Micros {
+    if width_ns.is_multiple_of(1000) {
+        Micros::Whole(ns / 1000 + 1)
+    } else {
+        Micros::Frac((ns as f64 / 1000.0 * 1000.0).round() / 1000.0)
+    }
+}
+
+/// The oslat JSON of a run.
+pub fn oslat_json(run: &OslatRun, start_time: String, qpw: QpwFields) -> Envelope<OslatBody> {
+    let threads = run
+        .threads
+        .iter()
+        .map(|t| OslatThreadJson {
+            cpu: t.cpu,
+            freq: run.calibration.mhz(),
+            min: oslat_micros(t.hist.min_ns(), t.hist.width_ns()),
+            // oslat writes "%3lf": six decimals.
+            avg: (t.hist.bucket_mean_ns() / 1000.0 * 1e6).round() / 1e6,
+            max: oslat_micros(t.hist.max_ns(), t.hist.width_ns()),
+            duration: (t.duration_s * 1000.0).round() / 1000.0,
+            histogram: Buckets::oslat(&t.hist),
+        })
+        .collect::<Vec<_>>();
+    Envelope::succeeded(
+        start_time,
+        OslatBody {
+            num_threads: threads.len(),
+            thread: Indexed(threads),
+            qpw,
+        },
+    )
 }
 
 struct Control {

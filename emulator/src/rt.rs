@@ -123,6 +123,31 @@ impl RtGuard {
     }
 }
 
+/// How the kernel isolates `cpu` now (`isolcpus`, `nohz_full`, an isolated cgroup v2
+/// partition), as a phrase; `None` when it does not.
+pub fn isolation_of(cpu: usize) -> Option<String> {
+    let t = Topology::read().ok()?;
+    let how: Vec<&str> = [
+        (t.isolated(), "isolcpus"),
+        (t.nohz_full(), "nohz_full"),
+        (t.runtime_isolated(), "an isolated cgroup v2 partition"),
+    ]
+    .iter()
+    .filter(|(set, _)| set.contains(cpu))
+    .map(|(_, name)| *name)
+    .collect();
+    (!how.is_empty()).then(|| how.join(", "))
+}
+
+/// Whether the CPUs are emulated in software (qemu's TCG, whose model name says so): there
+/// every time is stretched, and only counts and ratios carry over to real hardware.
+pub fn emulated_cpu() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| {
+        c.lines()
+            .any(|l| l.starts_with("model name") && l.contains("TCG"))
+    })
+}
+
 /// Records a warning for each measured CPU that is neither isolated nor `nohz_full`.
 pub fn check_isolation(cpus: &CpuSet, warnings: &mut Warnings, quiet: bool) {
     match Topology::read() {
@@ -508,6 +533,12 @@ pub fn without_sigpipe<T>(write: impl FnOnce() -> std::io::Result<T>) -> std::io
         out
     }
 }
+
+/// An exit with this status and no `Error:` line: the command has said what it had to say
+/// (oslat's `-T` exits 1 after its own message, as oslat does).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("exit status {0}")]
+pub struct Exit(pub i32);
 
 /// An error and its causes on one line, as `{e:#}` prints them, but without a cause whose text
 /// the message before it already ends with (library errors often show their source in their

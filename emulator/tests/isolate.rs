@@ -38,6 +38,13 @@ fn snapshot() -> BTreeMap<String, String> {
         let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
             continue;
         };
+        // Kernel threads only the kernel may pin (PF_NO_SETAFFINITY: per-CPU threads, the
+        // workqueues' rescuers) are the kernel's business: a rescuer binds itself to the CPU
+        // it serves, and before 6.2 a cpuset whose CPUs change resets it too, which no
+        // process can put back.
+        if flags(&p.file_name().to_string_lossy()) & 0x0400_0000 != 0 {
+            continue;
+        }
         for t in tasks.flatten() {
             let status = read(t.path().join("status")).unwrap_or_default();
             if let Some(l) = status.lines().find(|l| l.starts_with("Cpus_allowed_list:")) {
@@ -51,8 +58,14 @@ fn snapshot() -> BTreeMap<String, String> {
         if let Some(a) = read(i.path().join("smp_affinity_list")) {
             s.insert(format!("irq {}", i.path().display()), a);
         }
+        // Where the kernel delivers it, where that can be put back: an IO-APIC interrupt
+        // moves only at its next delivery, which for a quiet one (a serial port) may come
+        // after the run, and then the kernel picks from the restored mask itself.
         if let Some(a) = read(i.path().join("effective_affinity_list")) {
-            s.insert(format!("irq {} effective", i.path().display()), a);
+            let irq = i.file_name().to_string_lossy().into_owned();
+            if !io_apic(&irq) {
+                s.insert(format!("irq {} effective", i.path().display()), a);
+            }
         }
     }
     s.insert(
@@ -77,6 +90,24 @@ fn snapshot() -> BTreeMap<String, String> {
             s.insert("cpuset dirs".into(), dirs.join(","));
         }
     }
+    if let Some(root) = v2_cpuset_root() {
+        s.insert(
+            "cgroup2 subtree_control".into(),
+            read(root.join("cgroup.subtree_control")).unwrap_or_default(),
+        );
+        let mut dirs: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        dirs.sort();
+        s.insert("cgroup2 dirs".into(), dirs.join(","));
+        s.insert(
+            "this test's cgroup".into(),
+            read("/proc/self/cgroup").unwrap_or_default(),
+        );
+    }
     let mut state: Vec<String> = std::fs::read_dir("/run/qpw-emu")
         .into_iter()
         .flatten()
@@ -90,6 +121,69 @@ fn snapshot() -> BTreeMap<String, String> {
         Path::new("/run/qpw-emu").exists().to_string(),
     );
     s
+}
+
+/// The cgroup v2 root, where it has the cpuset controller (there `--isolate` makes an isolated
+/// partition).
+fn v2_cpuset_root() -> Option<std::path::PathBuf> {
+    read("/proc/mounts")?.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let root = Path::new(f.get(1)?);
+        (f.get(2) == Some(&"cgroup2")
+            && read(root.join("cgroup.controllers"))
+                .is_some_and(|c| c.split_whitespace().any(|c| c == "cpuset")))
+        .then(|| root.to_path_buf())
+    })
+}
+
+/// On cgroup v2: the run's isolated partition, which holds the probe's thread.
+fn check_partition(child: &Child, cpu: usize) {
+    let Some(root) = v2_cpuset_root() else {
+        return;
+    };
+    let dir = root.join(format!("qpw-emu-{}", child.id()));
+    // The partition comes after the workqueue mask (the scheduler-domain step is the last).
+    let start = Instant::now();
+    while read(dir.join("cpuset.cpus.partition")).as_deref() != Some("isolated") {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no isolated partition at {} (it reads {:?})",
+            dir.display(),
+            read(dir.join("cpuset.cpus.partition"))
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        read(dir.join("cpuset.cpus.effective")),
+        Some(cpu.to_string())
+    );
+    // The probe's thread joins it when it is pinned there, after its start-up.
+    loop {
+        let threads = read(dir.join("cgroup.threads")).unwrap_or_default();
+        let names: Vec<String> = threads
+            .lines()
+            .filter_map(|t| read(format!("/proc/{}/task/{t}/comm", child.id())))
+            .collect();
+        if names.iter().any(|n| n.starts_with("oslat/")) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the probe's thread never joined the partition: {names:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether interrupt `irq` is delivered through an IO-APIC (its chip in /proc/interrupts).
+fn io_apic(irq: &str) -> bool {
+    read("/proc/interrupts").is_some_and(|t| {
+        t.lines().any(|l| {
+            let l = l.trim_start();
+            l.strip_prefix(irq)
+                .is_some_and(|r| r.starts_with(':') && r.contains("IO-APIC"))
+        })
+    })
 }
 
 /// What differs between two snapshots, threads alive in only one of them left out.
@@ -138,14 +232,19 @@ fn signal(child: &Child, sig: libc::c_int) {
     assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, sig) }, 0);
 }
 
-/// Whether process `pid` is a kernel thread (PF_KTHREAD in its flags).
-fn is_kthread(pid: &str) -> bool {
+/// Process `pid`'s flags (0 when they cannot be read).
+fn flags(pid: &str) -> u64 {
     read(format!("/proc/{pid}/stat"))
         .and_then(|s| {
             let rest = s.get(s.rfind(')')? + 2..)?.to_string();
             rest.split(' ').nth(6)?.parse::<u64>().ok()
         })
-        .is_some_and(|f| f & 0x0020_0000 != 0)
+        .unwrap_or(0)
+}
+
+/// Whether process `pid` is a kernel thread (PF_KTHREAD in its flags).
+fn is_kthread(pid: &str) -> bool {
+    flags(pid) & 0x0020_0000 != 0
 }
 
 /// Threads of other processes than `except` that may still run on `cpu` and are neither
@@ -251,6 +350,7 @@ fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
     // end, everything as it was, and the JSON says what was done.
     let mut child = run("3").spawn().unwrap();
     wait_isolated(&mut child, cpu);
+    check_partition(&child, cpu);
     let left = movable_left_on(cpu, child.id());
     let during = snapshot();
     let out = child.wait_with_output().unwrap();

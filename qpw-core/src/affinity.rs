@@ -143,6 +143,65 @@ fn thread_affinity(tid: libc::pid_t) -> Result<CpuSet> {
         .collect())
 }
 
+/// A step a program wants run before qpw gives a thread CPUs: see [`set_pin_hook`]. It gets the
+/// thread's id (as `gettid` returns it) and the CPUs.
+pub type PinHook = Box<dyn Fn(libc::pid_t, &CpuSet) -> std::io::Result<()> + Send + Sync>;
+
+// Not part of any protocol loom models (pinning is a no-op there), so plain std.
+#[cfg(not(loom))]
+static PIN_HOOK: std::sync::RwLock<Option<PinHook>> = std::sync::RwLock::new(None);
+
+/// Sets (or, with `None`, clears) a step that runs before qpw gives a thread CPUs: its own
+/// workers, [`pin_current_thread`] and [`set_current_affinity`].
+///
+/// The case it is for: a cgroup v2 *isolated partition* holds threads, and a thread outside it
+/// cannot be given its CPUs (`sched_setaffinity` fails with `EINVAL`). A program that keeps
+/// its isolated CPUs in a threaded partition moves each thread meant for them into the
+/// partition's `cgroup.threads` first (and the others out). An error from the hook fails the
+/// pinning, with the hook's error as the cause.
+///
+/// ```
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// static ASKED: AtomicUsize = AtomicUsize::new(0);
+///
+/// qpw_core::set_pin_hook(Some(Box::new(|_tid, cpus| {
+///     ASKED.store(cpus.len(), Ordering::Relaxed); // a real hook writes `tid` to cgroup.threads
+///     Ok(())
+/// })));
+/// let cpu = qpw_core::allowed_cpus()?.first().unwrap();
+/// qpw_core::pin_current_thread(cpu)?;
+/// assert_eq!(ASKED.load(Ordering::Relaxed), 1);
+/// qpw_core::set_pin_hook(None);
+/// # Ok::<(), qpw_core::Error>(())
+/// ```
+pub fn set_pin_hook(hook: Option<PinHook>) {
+    #[cfg(not(loom))]
+    {
+        *PIN_HOOK.write().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+    #[cfg(loom)]
+    drop(hook);
+}
+
+/// Runs the pin hook, if any, for thread `tid` (0: the calling thread) and `cpus`.
+#[cfg(not(loom))]
+pub(crate) fn run_pin_hook(tid: libc::pid_t, cpus: &CpuSet) -> Result<()> {
+    let hook = PIN_HOOK.read().unwrap_or_else(|e| e.into_inner());
+    let Some(hook) = hook.as_ref() else {
+        return Ok(());
+    };
+    let tid = if tid == 0 {
+        // SAFETY: `gettid` has no preconditions and cannot fail.
+        unsafe { libc::gettid() }
+    } else {
+        tid
+    };
+    hook(tid, cpus).map_err(|e| Error::Affinity {
+        cpu: cpus.first().unwrap_or(0),
+        source: e.into(),
+    })
+}
+
 /// The CPUs the calling thread may run on now (its own `sched_getaffinity` mask).
 pub fn current_affinity() -> Result<CpuSet> {
     #[cfg(loom)]
@@ -155,8 +214,18 @@ pub fn current_affinity() -> Result<CpuSet> {
     }
 }
 
-/// Restricts the calling thread to `cpus` (`sched_setaffinity`).
+/// Restricts the calling thread to `cpus` (`sched_setaffinity`), after the pin hook, if any
+/// ([`set_pin_hook`]).
 pub fn set_current_affinity(cpus: &CpuSet) -> Result<()> {
+    #[cfg(not(loom))]
+    if !cpus.is_empty() {
+        run_pin_hook(0, cpus)?;
+    }
+    set_affinity_unhooked(cpus)
+}
+
+/// [`set_current_affinity`] without the pin hook.
+fn set_affinity_unhooked(cpus: &CpuSet) -> Result<()> {
     let first = cpus.first().unwrap_or(0);
     #[cfg(loom)]
     {
@@ -209,11 +278,16 @@ pub fn pin_current_thread(cpu: usize) -> Result<()> {
             max: CpuSet::MAX_CPU,
         });
     }
+    let only = CpuSet::from_iter([cpu]);
+    // First, so that a hook that moves the thread into the cgroup owning `cpu` makes it one
+    // the thread may use.
+    #[cfg(not(loom))]
+    run_pin_hook(0, &only)?;
     let allowed = allowed_cpus()?;
     if !allowed.contains(cpu) {
         return Err(Error::CpuNotAllowed { cpu, allowed });
     }
-    set_current_affinity(&CpuSet::from_iter([cpu]))
+    set_affinity_unhooked(&only)
 }
 
 /// The CPU the calling thread runs on now (`sched_getcpu`), or `None` where the system cannot
@@ -259,15 +333,17 @@ pub fn set_current_fifo(priority: i32) -> Result<()> {
     }
 }
 
-/// Pins another thread (by its pthread handle) to `cpu`.
+/// Pins another thread (by its pthread handle, and its thread id `tid` for the pin hook) to
+/// `cpu`.
 #[cfg(not(loom))]
-pub(crate) fn pin_thread(thread: libc::pthread_t, cpu: usize) -> Result<()> {
+pub(crate) fn pin_thread(thread: libc::pthread_t, tid: libc::pid_t, cpu: usize) -> Result<()> {
     if cpu > CpuSet::MAX_CPU {
         return Err(Error::CpuOutOfRange {
             cpu,
             max: CpuSet::MAX_CPU,
         });
     }
+    run_pin_hook(tid, &CpuSet::from_iter([cpu]))?;
     // SAFETY: as in `allowed_cpus`.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: `cpu` was just checked against CPU_SETSIZE.

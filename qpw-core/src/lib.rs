@@ -266,7 +266,7 @@ mod work;
 
 pub use affinity::{
     allowed_cpus, current_affinity, current_cpu, pin_current_thread, set_current_affinity,
-    set_current_fifo, set_current_normal,
+    set_current_fifo, set_current_normal, set_pin_hook, PinHook,
 };
 pub use collect::Collector;
 pub use cpuset::CpuSet;

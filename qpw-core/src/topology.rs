@@ -178,6 +178,7 @@ fn runtime_isolated(cgroup: &Path) -> Result<CpuSet> {
 
 /// The CPUs isolated now, any way ([`Topology::isolated_or_nohz_full`]), read from `/sys`
 /// without the rest of the topology; none where sysfs cannot be read.
+#[cfg(not(loom))]
 pub(crate) fn isolated_now() -> CpuSet {
     let root = Path::new("/sys");
     let cpu_dir = root.join("devices/system/cpu");
@@ -191,6 +192,7 @@ pub(crate) fn isolated_now() -> CpuSet {
 /// The CPUs the calling process's cpuset lets its threads use (`sched_setaffinity` refuses the
 /// others): the effective CPUs of its cgroup, or of the nearest ancestor that has the file, on
 /// cgroup v2 or v1. `None` where no cpuset controller is mounted or the files cannot be read.
+#[cfg(not(loom))]
 pub(crate) fn process_cpuset() -> Option<CpuSet> {
     let cgroups = fs::read_to_string("/proc/self/cgroup").ok()?;
     let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
@@ -199,6 +201,7 @@ pub(crate) fn process_cpuset() -> Option<CpuSet> {
 
 /// [`process_cpuset`] over the texts of `/proc/self/cgroup` and `/proc/self/mounts`, with
 /// `read` reading a file.
+#[cfg(not(loom))]
 fn cpuset_of(
     cgroups: &str,
     mounts: &str,
@@ -461,6 +464,7 @@ mod tests {
         assert_eq!(topo.runtime_isolated().to_string(), "3");
     }
 
+    #[cfg(not(loom))]
     #[test]
     fn a_process_cpuset_is_its_cgroups_or_the_nearest_ancestors() {
         let files = |list: &'static [(&'static str, &'static str)]| {

@@ -18,12 +18,13 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use qpw_core::CpuSet;
 
-use super::{print_requester, qpw_fields, Cpus, ProbeLoad};
 use crate::cli::{CyclictestArgs, RunLength};
+use crate::cpus::Cpus;
 use crate::cyclictest::{
     self, Align, CyclicConfig, CyclicRun, Fifo, LiveLines, MainLoop, Policy, SleepMode, ThreadSpec,
     Verbose,
 };
+use crate::drain::{print_requester, qpw_fields, ProbeLoad};
 use crate::json::{
     self, Buckets, CyclictestBody, CyclictestThreadJson, Envelope, Indexed, QpwFields, Settings,
 };
@@ -55,7 +56,8 @@ fn numa_node(cpu: usize) -> i64 {
         .unwrap_or(0)
 }
 
-pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
+/// `qpw-emu cyclictest`, or `cyclictest` through a link.
+pub fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     crate::cli::note_stray("cyclictest", &args.stray);
     if args.smi {
         bail!(
@@ -152,7 +154,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         policy.name().to_string()
     };
     let measured: CpuSet = specs.iter().map(|s| s.cpu).collect();
-    let spec = super::resolve_drain(&args.drain, &cpus, &measured, false)?;
+    let spec = crate::drain::resolve_drain(&args.drain, &cpus, &measured, false)?;
     if let Some(w) = args.drain.workload.as_deref() {
         if w == "memmove" || w == "no" {
             bail!("--workload {w}: oslat's busy-loop workloads belong to `qpw-emu oslat`");
@@ -164,7 +166,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     let trace_us = args
         .trace
         .as_deref()
-        .map(crate::trace_cmd::threshold_us)
+        .map(crate::probe_trace::threshold_us)
         .transpose()?;
     if trace_us.is_some() {
         crate::trace::tracefs::preflight()?;
@@ -240,7 +242,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     }
     rt::catch_sigint(&mut warnings, quiet);
     // After Ctrl-C is taken: a signal must not end the process before the guard restores.
-    let throttling_off = super::throttling_for_run(&args.drain, &mut warnings, quiet)?;
+    let throttling_off = crate::drain::throttling_for_run(&args.drain, &mut warnings, quiet)?;
     let throttling = RtThrottling::read(throttling_off.as_ref());
     let isolation = crate::isolate::for_run(
         args.drain.isolate,
@@ -267,7 +269,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
 
     let calibration = trace_us.map(|_| crate::clock::Calibration::measure());
     let tracing = trace_us
-        .map(|_| crate::trace_cmd::start_for_probe(&measured, &cpus, true))
+        .map(|_| crate::probe_trace::start_for_probe(&measured, &cpus, true))
         .transpose()?;
     let load = ProbeLoad::start(spec.as_ref())?;
     let cfg = CyclicConfig {
@@ -311,14 +313,14 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
             let probes: Vec<_> = run
                 .threads
                 .iter()
-                .map(|t| crate::trace_cmd::ProbeGaps {
+                .map(|t| crate::probe_trace::ProbeGaps {
                     cpu: t.cpu,
                     tid: t.tid,
                     gaps: &t.late,
                     not_kept: t.late_not_kept,
                 })
                 .collect();
-            Some(crate::trace_cmd::attribute(
+            Some(crate::probe_trace::attribute(
                 session,
                 &probes,
                 cal,
@@ -405,7 +407,7 @@ pub(super) fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
         print_requester(o);
         eprintln!("# qpw-emu {}", throttling.line());
     }
-    crate::trace_cmd::print_after_tool(
+    crate::probe_trace::print_after_tool(
         traced.as_ref(),
         load.outcome.as_ref(),
         spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()),

@@ -15,19 +15,21 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{print_requester, qpw_fields, Cpus, Exit, ProbeLoad};
 use crate::cli::OslatArgs;
 use crate::clock::Calibration;
+use crate::cpus::Cpus;
+use crate::drain::{print_requester, qpw_fields, ProbeLoad};
 use crate::json::{self, Micros, Settings, RT_TESTS_VERSION};
 use crate::oslat::{self, OslatConfig, OslatRun, OslatThread};
-use crate::rt::{self, TraceMarker, Warnings};
+use crate::rt::{self, Exit, TraceMarker, Warnings};
 use crate::throttling::RtThrottling;
 use crate::validate;
 
 /// oslat's default memmove buffer: 16 KiB per thread (`WORKLOAD_MEM_SIZE`).
 const WORKLOAD_MEM: u64 = 16 << 10;
 
-pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
+/// `qpw-emu oslat`, or `oslat` through a link.
+pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     crate::cli::note_stray("oslat", &args.stray);
     if args.version {
         println!("oslat V {RT_TESTS_VERSION}");
@@ -58,14 +60,14 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     let mut drain = args.drain.clone();
     drain.workload_flag = "--drain-workload";
     let memmove = args.loop_workload.as_deref() == Some("memmove");
-    let spec = super::resolve_drain(&drain, &cpus, &measured, false)?;
+    let spec = crate::drain::resolve_drain(&drain, &cpus, &measured, false)?;
     if let Some(path) = &args.json {
         validate::output_file("--json", path)?;
     }
     let trace_us = args
         .trace
         .as_deref()
-        .map(crate::trace_cmd::threshold_us)
+        .map(crate::probe_trace::threshold_us)
         .transpose()?;
     if trace_us.is_some() {
         crate::trace::tracefs::preflight()?;
@@ -86,7 +88,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         .map(|_| TraceMarker::open(&mut warnings, quiet));
     rt::catch_sigint(&mut warnings, quiet);
     // After Ctrl-C is taken: a signal must not end the process before the guard restores.
-    let throttling_off = super::throttling_for_run(&drain, &mut warnings, quiet)?;
+    let throttling_off = crate::drain::throttling_for_run(&drain, &mut warnings, quiet)?;
     let throttling = RtThrottling::read(throttling_off.as_ref());
     let isolation = crate::isolate::for_run(
         drain.isolate,
@@ -133,7 +135,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     }
 
     let tracing = trace_us
-        .map(|_| crate::trace_cmd::start_for_probe(&measured, &cpus, true))
+        .map(|_| crate::probe_trace::start_for_probe(&measured, &cpus, true))
         .transpose()?;
     let load = ProbeLoad::start(spec.as_ref())?;
     let cfg = OslatConfig {
@@ -159,7 +161,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     let run = oslat::run(&cfg, calibration, &load.phase);
     let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), &mut warnings, quiet)?;
     let traced = match (tracing, trace_us) {
-        (Some(session), Some(us)) => Some(crate::trace_cmd::attribute_oslat(
+        (Some(session), Some(us)) => Some(crate::probe_trace::attribute_oslat(
             session,
             &run,
             us,
@@ -170,7 +172,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     };
     if let Some((cpu, us)) = run.threshold_hit {
         let app = std::env::args().next().unwrap_or_else(|| "oslat".into());
-        let app = if super::called_as_tool(&app) {
+        let app = if crate::cli::called_as_tool(&app) {
             app
         } else {
             format!("{app} oslat")
@@ -202,7 +204,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         print_requester(o);
         eprintln!("# qpw-emu {}", throttling.line());
     }
-    crate::trace_cmd::print_after_tool(
+    crate::probe_trace::print_after_tool(
         traced.as_ref(),
         load.outcome.as_ref(),
         spec.as_ref().is_some_and(|s| s.workload.kernel().is_some()),
@@ -236,7 +238,7 @@ pub(super) fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         fields.trace = traced;
         fields.rt_throttling = spec.is_some().then_some(throttling);
         fields.isolation = isolation.as_ref().map(|i| i.report.clone());
-        json::write(path, &super::oslat_json(&run, start_time, fields))?;
+        json::write(path, &oslat::oslat_json(&run, start_time, fields))?;
     }
     Ok(())
 }
@@ -307,8 +309,8 @@ fn print_summary(run: &OslatRun, zero_omit: bool) {
             },
         );
     }
-    let min = |t: &OslatThread| super::oslat_micros(t.hist.min_ns(), w);
-    let max = |t: &OslatThread| super::oslat_micros(t.hist.max_ns(), w);
+    let min = |t: &OslatThread| oslat::oslat_micros(t.hist.min_ns(), w);
+    let max = |t: &OslatThread| oslat::oslat_micros(t.hist.max_ns(), w);
     field(
         "Minimum",
         ts.iter().map(|t| micros_text(min(t))).collect(),

@@ -8,13 +8,14 @@
 //! | `kernel-lru` | `1 > /proc/sys/vm/compact_memory`: compacts every zone | `lru_add_drain_per_cpu` |
 //! | `kernel-slub` | `1 > /sys/kernel/slab/maple_node/shrink`: empties that cache's per-CPU slabs | `flush_cpu_slab` |
 //! | `kernel-vmstat` | `1 > /proc/sys/vm/stat_refresh`: folds every CPU's vm counters | `refresh_vm_stats` |
-//! | `kernel-memcg` | in a memory cgroup of our own: `memory.force_empty` (v1) or a lowered `memory.high` (v2) | `drain_local_memcg_stock`, `drain_local_obj_stock` |
+//! | `kernel-memcg` | in a memory cgroup of our own: `memory.force_empty` (v1) or a lowered `memory.high` (v2) | `drain_local_memcg_stock`, `drain_local_obj_stock` (`drain_local_stock` before 6.16) |
 //!
 //! A drain reaches a CPU only if that CPU has something cached (except `stat_refresh`, which
 //! goes to every CPU), so for `kernel-lru`, `kernel-slub` and `kernel-memcg` a small **filler**
-//! process pinned to the measured CPU faults in and frees a few pages right before each
-//! trigger (that fills the CPU's LRU batch, its `maple_node` slab and, inside the cgroup,
-//! its memcg stock). The filler's own run shows up in the attribution under its own name
+//! process pinned to the measured CPU frees the few pages of its last fill and faults in new
+//! ones right before each trigger (that fills the CPU's LRU batch, its `maple_node` slab and,
+//! inside the cgroup, its memcg stock; the pages stay mapped until the next fill, since
+//! unmapping drains this CPU's LRU batches itself). The filler's own run shows up in the attribution under its own name
 //! (`qpw-filler`), apart from the kworker's.
 //!
 //! The requester (on a housekeeping CPU) times each trigger's `write()`: for
@@ -105,13 +106,28 @@ impl KernelDrain {
         }
     }
 
-    /// The work functions a trigger queues to each CPU on a 6.18 kernel.
+    /// The work function whose run on a CPU is the drain reaching it, under each name it has
+    /// had: the first is 6.18's, the others older kernels' (`drain_local_stock` before 6.16
+    /// split memcg's stock in two).
+    pub fn drain_functions(self) -> &'static [&'static str] {
+        match self {
+            KernelDrain::Memcg => &["drain_local_memcg_stock", "drain_local_stock"],
+            k => &k.work_functions()[..1],
+        }
+    }
+
+    /// The work functions a trigger queues to each CPU, on 6.18 and, where it differs, before.
     pub fn work_functions(self) -> &'static [&'static str] {
         match self {
             KernelDrain::Lru => &["lru_add_drain_per_cpu"],
             KernelDrain::Slub => &["flush_cpu_slab"],
             KernelDrain::Vmstat => &["refresh_vm_stats"],
-            KernelDrain::Memcg => &["drain_local_memcg_stock", "drain_local_obj_stock"],
+            // `drain_local_stock` until 6.16 split the stock in two.
+            KernelDrain::Memcg => &[
+                "drain_local_memcg_stock",
+                "drain_local_obj_stock",
+                "drain_local_stock",
+            ],
         }
     }
 
@@ -314,8 +330,8 @@ fn remove_cgroup(dir: &Path) {
     }
 }
 
-/// The filler: a child process pinned to the measured CPU that faults in and frees a few pages
-/// when asked (one byte on its stdin), and answers when done (one byte on its stdout).
+/// The filler: a child process pinned to the measured CPU that frees its last few pages and
+/// faults in new ones when asked (one byte on its stdin), and answers when done (one byte on its stdout).
 #[derive(Debug)]
 struct Filler {
     child: Child,
@@ -331,6 +347,14 @@ impl Filler {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        // Under --isolate's cgroup v2 partition the filler moves its thread in before it pins
+        // itself there (which a filler in a memory cgroup of its own cannot).
+        if let Some(p) = crate::isolate::partition::active_for_child() {
+            if cgroup.is_some() {
+                bail!("kernel-memcg: {}", crate::isolate::NO_MEMCG_UNDER_PARTITION);
+            }
+            cmd.env(crate::isolate::partition::PARTITION_ENV, p);
+        }
         if let Some(cg) = cgroup {
             let procs = std::ffi::CString::new(cg.procs().as_os_str().as_encoded_bytes())?;
             // SAFETY: the closure runs in the child between fork and exec and makes only
@@ -394,6 +418,7 @@ impl Drop for Filler {
 /// The body of `qpw-emu __filler CPU`: pin, report ready, then fill on request until stdin
 /// closes.
 pub fn filler_main(cpu: usize) -> Result<()> {
+    crate::isolate::partition::hook_from_env();
     qpw_core::pin_current_thread(cpu)
         .with_context(|| format!("filler: cannot pin to cpu {cpu}"))?;
     let name = std::ffi::CString::new("qpw-filler")?;
@@ -405,14 +430,23 @@ pub fn filler_main(cpu: usize) -> Result<()> {
     stdout.flush()?;
     let mut b = [0u8; 1];
     const PAGES: usize = 16;
+    const LEN: usize = PAGES * 4096;
+    // The pages of the last fill stay mapped until the next one: unmapping runs
+    // `lru_add_drain()` on this CPU (the unmap path does, in 6.1 at least), which would empty
+    // the very LRU batch that kernel-lru's drain is to find full. So each fill first unmaps
+    // the last fill's pages (which frees its maple-tree nodes into this CPU's slab), then maps
+    // and touches new ones (LRU batch, memcg charges and stock, new nodes).
+    let mut last: Option<*mut libc::c_void> = None;
     while stdin.read(&mut b)? == 1 {
-        // SAFETY: an anonymous private mapping; the pointer is used only within its length
-        // and unmapped before the next one.
+        // SAFETY: `last` is a mapping of LEN bytes made below and not unmapped since; the new
+        // anonymous private mapping is written only within its length.
         let ok = unsafe {
-            let len = PAGES * 4096;
+            if let Some(p) = last.take() {
+                libc::munmap(p, LEN);
+            }
             let p = libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                LEN,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
@@ -424,7 +458,8 @@ pub fn filler_main(cpu: usize) -> Result<()> {
                 for i in 0..PAGES {
                     std::ptr::write_volatile(p.cast::<u8>().add(i * 4096), 1);
                 }
-                libc::munmap(p, len) == 0
+                last = Some(p);
+                true
             }
         };
         stdout.write_all(if ok { b"+" } else { b"!" })?;

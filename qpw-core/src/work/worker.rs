@@ -257,16 +257,29 @@ impl WorkerPool {
         }
         let worker = Arc::new(Worker::new(cpu, phys));
         let runner = worker.clone();
+        // The thread's id, for the pin hook (a cgroup v2 partition takes threads by id). Not
+        // under loom, which pins nothing and whose threads must not block outside its model.
+        #[cfg(not(loom))]
+        let (tid_tx, tid_rx) = std::sync::mpsc::sync_channel(1);
         let handle = thread::Builder::new()
             .name(format!("qpw/{cpu}"))
-            .spawn(move || runner.run(instance))
+            .spawn(move || {
+                #[cfg(not(loom))]
+                // SAFETY: `gettid` has no preconditions and cannot fail.
+                let _ = tid_tx.send(unsafe { libc::gettid() });
+                runner.run(instance)
+            })
             .map_err(|source| Error::Spawn {
                 cpu,
                 source: source.into(),
             })?;
+        #[cfg(not(loom))]
+        let tid = tid_rx.recv().unwrap_or(0);
+        #[cfg(loom)]
+        let tid = 0;
         // Pin and set the priority from here, so that failures are ours to report; the thread
         // cannot have run any work yet, since none can be queued before we return.
-        if let Err(e) = configure_worker(&handle, phys, self.priority) {
+        if let Err(e) = configure_worker(&handle, tid, phys, self.priority) {
             lock(&worker.queue).stopped = true;
             worker.wake.notify_all();
             let _ = handle.join();
@@ -334,12 +347,13 @@ impl WorkerPool {
 #[cfg(not(loom))]
 fn configure_worker(
     handle: &thread::JoinHandle<ShutdownReport>,
+    tid: libc::pid_t,
     phys: usize,
     priority: Option<i32>,
 ) -> Result<()> {
     use std::os::unix::thread::JoinHandleExt;
     let thread = handle.as_pthread_t();
-    crate::affinity::pin_thread(thread, phys)?;
+    crate::affinity::pin_thread(thread, tid, phys)?;
     if let Some(priority) = priority {
         crate::affinity::set_thread_fifo(thread, priority)?;
     }
@@ -349,6 +363,7 @@ fn configure_worker(
 #[cfg(loom)]
 fn configure_worker(
     _handle: &thread::JoinHandle<ShutdownReport>,
+    _tid: libc::pid_t,
     _phys: usize,
     _priority: Option<i32>,
 ) -> Result<()> {

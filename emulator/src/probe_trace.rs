@@ -1,20 +1,21 @@
-//! `qpw-emu trace`, and the `--trace` attribution the probes share.
-
-use std::time::{Duration, Instant};
+//! `--trace` for the probes: a trace of the measured CPUs around the probe's run
+//! ([`start_for_probe`]), each long gap matched to what ran in it ([`attribute`]), and the
+//! attribution printed after the tool's own lines ([`print_after_tool`]). The `oslat` and
+//! `cyclictest` drop-ins use it, the default experiment its clock conversion
+//! ([`ticks_to_us`]), and `qpw-emu trace` its pieces (the trace without a probe).
 
 use std::fmt::Write as _;
 
 use anyhow::Result;
 use qpw_core::CpuSet;
 
-use crate::cli::TraceArgs;
 use crate::clock::Calibration;
-use crate::commands::Cpus;
-use crate::json::{self, Envelope, TraceFields};
+use crate::cpus::Cpus;
+use crate::json::TraceFields;
 use crate::kernel::info::KernelInfo;
 use crate::oslat::OslatRun;
-use crate::rt::{self, Warnings};
-use crate::trace::{self, CpuNoise, Session, TraceHealth};
+use crate::rt::Warnings;
+use crate::trace::{self, Session, TraceHealth};
 use crate::validate;
 
 /// Converts a trace-clock difference to microseconds.
@@ -176,7 +177,8 @@ pub fn emit_extra(text: &str, prefix: &str) {
     }
 }
 
-fn note_health(h: &TraceHealth, warnings: &mut Warnings, quiet: bool) {
+/// Warns of events the trace lost and lines that did not parse.
+pub fn note_health(h: &TraceHealth, warnings: &mut Warnings, quiet: bool) {
     if h.lost_events > 0 {
         warnings.push(
             quiet,
@@ -195,7 +197,8 @@ fn note_health(h: &TraceHealth, warnings: &mut Warnings, quiet: bool) {
     }
 }
 
-fn health_line(out: &mut String, h: &TraceHealth) {
+/// The trace's health on one line: events read and lost, its clock, the events it lacks.
+pub fn health_line(out: &mut String, h: &TraceHealth) {
     let _ = writeln!(
         out,
         "Trace: {} events read, {} lost, clock {}{}",
@@ -208,101 +211,4 @@ fn health_line(out: &mut String, h: &TraceHealth) {
             format!("; this kernel lacks {}", h.missing_events.join(", "))
         }
     );
-}
-
-/// The JSON of `qpw-emu trace`.
-#[derive(Debug, serde::Serialize)]
-struct TraceBody {
-    /// `trace`.
-    tool: String,
-    /// The traced CPUs.
-    cpus: String,
-    /// Seconds traced.
-    seconds: f64,
-    /// The running kernel's per-CPU-work mode, isolation and RT throttling.
-    kernel: KernelInfo,
-    /// The trace's health.
-    health: TraceHealth,
-    /// Per CPU: everything that took it from its main thread.
-    noise: Vec<CpuNoise>,
-    /// Setup steps that failed.
-    warnings: Vec<String>,
-}
-
-/// `qpw-emu trace -c CPUS -D T`.
-pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
-    let cpus = Cpus::read()?;
-    let measured = cpus.list_or_target("--cpu-list", args.cpu_list.as_deref())?;
-    let duration = args
-        .duration
-        .as_deref()
-        .map(|d| validate::duration("--duration", d))
-        .transpose()?;
-    let probe = args
-        .probe_tid
-        .as_deref()
-        .map(|t| validate::int_in("--probe-tid", t, 1, i32::MAX as u64).map(|v| v as i32))
-        .transpose()?;
-    let top = validate::int_in("--top", &args.top, 1, 1000)? as usize;
-    if let Some(path) = &args.json {
-        validate::output_file("--json", path)?;
-    }
-    let quiet = args.quiet;
-    let start_time = rt::rt_timestamp();
-    let mut warnings = Warnings::default();
-    rt::catch_sigint(&mut warnings, quiet);
-    let kernel = KernelInfo::read();
-    if !quiet {
-        for l in kernel.lines() {
-            println!("{l}");
-        }
-    }
-    let cal = Calibration::measure();
-    let session = start_for_probe(&measured, &cpus, quiet)?;
-    let _away = rt::AwayFrom::cpus(&measured);
-    if !quiet {
-        println!(
-            "Tracing cpu(s) {measured} {}.",
-            match duration {
-                Some(d) => format!("for {:.1} s", d.as_secs_f64()),
-                None => "until Ctrl-C".to_string(),
-            }
-        );
-    }
-    let progress =
-        crate::progress::Progress::new("trace", duration.unwrap_or(Duration::MAX), quiet);
-    let start = Instant::now();
-    while duration.is_none_or(|d| start.elapsed() < d) && !rt::interrupted() {
-        if duration.is_some() {
-            progress.tick();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    progress.finish();
-    let seconds = start.elapsed().as_secs_f64();
-    let traced = session.finish()?;
-    let conv = ticks_to_us(&traced.clock, cal);
-    let noise = traced.noise(probe, &conv);
-    let health = traced.health();
-    note_health(&health, &mut warnings, quiet);
-    let mut out = String::new();
-    for n in &noise {
-        trace::print_noise(&mut out, n, top);
-        trace::print_work(&mut out, &traced.work_on(n.cpu, &conv), top, None);
-    }
-    health_line(&mut out, &health);
-    emit(&out, "");
-    if let Some(path) = &args.json {
-        let body = TraceBody {
-            tool: "trace".to_string(),
-            cpus: measured.to_string(),
-            seconds,
-            kernel,
-            health,
-            noise,
-            warnings: warnings.list().to_vec(),
-        };
-        json::write(path, &Envelope::succeeded(start_time, body))?;
-    }
-    Ok(())
 }

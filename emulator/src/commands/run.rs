@@ -30,16 +30,18 @@ use qpw_core::{CpuSet, Mode};
 
 use crate::cli::RunArgs;
 use crate::clock::Calibration;
-use crate::commands::{note_outcome, oslat_json, Cpus};
+use crate::cpus::Cpus;
+use crate::defaults::BUSY_OWNER;
+use crate::drain::note_outcome;
 use crate::hist::Histogram;
 use crate::json::{self, Interruptions, ProbePreemptions, QpwFields, Settings, ThreadFigures};
 use crate::kernel::info::KernelInfo;
 use crate::load::{LoadReport, Phase, RequesterReport};
-use crate::oslat::{self, OslatConfig, OslatRun};
-use crate::report::{self, Row};
+use crate::oslat::{self, oslat_json, OslatConfig, OslatRun};
 use crate::rt::{self, SysInfo, Warnings};
 use crate::scenario::{self, DrainSpec};
 use crate::svg::{self, Series};
+use crate::table::{self, Row};
 use crate::trace::{tracefs, Session};
 use crate::validate;
 use crate::workload::WorkloadName;
@@ -69,12 +71,6 @@ const OTHER_THRESHOLDS_NS: [u64; 4] = [2000, 5000, 10_000, 20_000];
 /// idle baseline's noise, scaled to the round, would swamp it (kernel-lru triggers 2 drains a
 /// second).
 const MIN_ROUND_DRAINS: u64 = 50;
-
-/// The probe's local operation period in the default run: an owner busy on its lock (a few
-/// turns of the probe's loop), as a service's thread that touches its per-CPU state for every
-/// request is. It is what lets a fenced-mode owner answer a requester's flag in a fraction of a
-/// microsecond instead of taking the fence's interrupt.
-pub const BUSY_OWNER: &str = "100ns";
 
 /// The idle-owner scenario's period (`fenced-idle-<workload>`): the owner spins and touches its
 /// lock only this often, enough to give the drains something to take, too seldom to answer a
@@ -215,7 +211,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Some(list) => {
             let mut modes = Vec::new();
             for m in list.split(',') {
-                let mode = crate::commands::parse_mode(m)
+                let mode = crate::drain::parse_mode(m)
                     .map_err(|_| anyhow!("--modes {list}: `{m}` is not queue, remote or fenced"))?;
                 if !modes.contains(&mode) {
                     modes.push(mode);
@@ -250,6 +246,16 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let asked: Vec<WorkloadName> = if args.workloads.is_none() && tracing {
         let mut all = asked;
         for k in crate::kernel::KernelDrain::ALL {
+            if k == crate::kernel::KernelDrain::Memcg
+                && args.isolate
+                && crate::isolate::makes_v2_partition()
+            {
+                notes.push(format!(
+                    "no {k} row: {}",
+                    crate::isolate::NO_MEMCG_UNDER_PARTITION
+                ));
+                continue;
+            }
             match crate::kernel::preflight(k) {
                 Ok(()) => all.push(WorkloadName::Kernel(k)),
                 Err(e) => notes.push(format!("no {k} row: {e:#}")),
@@ -394,7 +400,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let rows = ctx.rows();
     print!(
         "{}",
-        report::table(&rows, Some(ctx.target), ctx.threshold().map(|t| t.0))
+        table::table(&rows, Some(ctx.target), ctx.threshold().map(|t| t.0))
     );
     ctx.print_attribution();
     println!();
@@ -666,7 +672,7 @@ impl Ctx {
         // The idle scenario of this round is merged into its accumulator only afterwards: for
         // it, derive the threshold from its own gaps.
         let threshold_ns = THRESHOLD_NS;
-        let conv = crate::trace_cmd::ticks_to_us(&traced.clock, self.calibration);
+        let conv = crate::probe_trace::ticks_to_us(&traced.clock, self.calibration);
         let gaps: Vec<(u64, u64)> = thread
             .gaps
             .iter()
@@ -682,14 +688,20 @@ impl Ctx {
             &conv,
         );
         // For a kernel workload, the gaps its own work function made (before `a` is consumed).
-        let kernel_fn = self.scenarios[i]
+        let kernel_fns: Vec<String> = self.scenarios[i]
             .workload
             .kernel()
-            .map(|k| format!("kworker {}", k.work_functions()[0]));
+            .map(|k| {
+                k.drain_functions()
+                    .iter()
+                    .map(|f| format!("kworker {f}"))
+                    .collect()
+            })
+            .unwrap_or_default();
         let (fn_gaps, fn_gaps_us) = a
             .top
             .iter()
-            .filter(|s| Some(&s.source) == kernel_fn.as_ref())
+            .filter(|s| kernel_fns.contains(&s.source))
             .fold((0, 0.0), |(n, t), s| (n + s.count, t + s.total_us));
         let acc = &mut self.scenarios[i];
         for (k, v) in a.by_bucket {
@@ -722,12 +734,21 @@ impl Ctx {
         top.truncate(8);
         acc.attribution.top = top;
         if let Some(k) = acc.workload.kernel() {
-            let function = k.work_functions()[0];
+            let names = k.drain_functions();
+            // The name this kernel uses, as seen on the target (else the newest).
+            let mut function = names[0];
             if let Some(t) = traced.timeline.cpus.get(&self.target) {
+                if let Some(w) = t.work.iter().find(|w| names.contains(&w.function.as_str())) {
+                    function = names
+                        .iter()
+                        .copied()
+                        .find(|n| *n == w.function)
+                        .unwrap_or(function);
+                }
                 let runs: Vec<f64> = t
                     .work
                     .iter()
-                    .filter(|w| w.function == function)
+                    .filter(|w| names.contains(&w.function.as_str()))
                     .map(|w| conv(w.end.saturating_sub(w.start)))
                     .collect();
                 // A drain "reaches" the target when its work function runs there.
@@ -745,6 +766,9 @@ impl Ctx {
                     function: function.to_string(),
                     ..KernelWork::default()
                 });
+            if function != names[0] {
+                work.function = function.to_string();
+            }
             work.drains += drains;
             work.gaps += fn_gaps;
             work.gaps_us += fn_gaps_us;
@@ -1099,11 +1123,24 @@ impl Ctx {
         lines.push(self.threshold_line());
         if self.isolate {
             lines.extend(self.isolation_lines());
+        } else if let Some(how) = rt::isolation_of(self.target) {
+            self.notes.push(format!(
+                "the target, cpu {}, is isolated by the kernel ({how}): what reaches it is the \
+                 kernel's own per-CPU work, the tick where it still runs, and the modes' own",
+                self.target
+            ));
         } else {
             self.notes.push(
                 "no isolated CPU here: the figures carry the machine's own noise (including \
                  millisecond gaps on an idle vCPU), so compare the modes within this run, as \
                  ratios and counts, not with other machines"
+                    .to_string(),
+            );
+        }
+        if rt::emulated_cpu() {
+            self.notes.push(
+                "the CPUs are emulated (qemu TCG): every time is stretched, so read the counts \
+                 and ratios (what ran on the target, per drain), not the microseconds"
                     .to_string(),
             );
         }

@@ -1,0 +1,160 @@
+//! `qpw-emu load`: only the drain load (requester drains plus process-context operations), for
+//! running the real rt-tests tools beside it on the CPUs it leaves free, until Ctrl-C or
+//! `--duration`.
+
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Result};
+use qpw_core::Mode;
+
+use crate::cli::LoadArgs;
+use crate::cpus::Cpus;
+use crate::drain::{note_outcome, print_requester, resolve_drain, throttling_for_run};
+use crate::json::{self, Envelope};
+use crate::rt::{self, Warnings};
+use crate::scenario;
+use crate::throttling::RtThrottling;
+use crate::validate;
+
+/// `qpw-emu load`.
+pub fn load_cmd(args: &LoadArgs) -> Result<()> {
+    let cpus = Cpus::read()?;
+    let duration = args
+        .duration
+        .as_deref()
+        .map(|d| validate::duration("--duration", d))
+        .transpose()?;
+    let free = cpus.list_or_target("--free", args.free.as_deref())?;
+    let mut drain = args.drain.clone();
+    if drain.mode.is_none() && drain.workload.is_none() {
+        drain.mode = Some("queue".to_string());
+    }
+    let spec = resolve_drain(&drain, &cpus, &free, !args.no_force)?
+        .ok_or_else(|| anyhow!("no load asked for"))?;
+    if spec.drain_rate_hz == 0.0 && spec.load_cpus.is_empty() {
+        bail!("--drain-rate 0 with --load off: nothing to run");
+    }
+    let quiet = args.quiet;
+    if let Some(path) = &args.json {
+        crate::validate::output_file("--json", path)?;
+    }
+    let start_time = rt::rt_timestamp();
+    let mut warnings = Warnings::default();
+    let _rt = rt::prepare(true, &mut warnings, quiet);
+    rt::catch_sigint(&mut warnings, quiet);
+    // After Ctrl-C is taken: a signal must not end the process before the guard restores.
+    let throttling_off = throttling_for_run(&args.drain, &mut warnings, quiet)?;
+    let throttling = RtThrottling::read(throttling_off.as_ref());
+    let isolation = crate::isolate::for_run(
+        args.drain.isolate,
+        &free,
+        &cpus.allowed,
+        &mut warnings,
+        quiet,
+    )?;
+    if !quiet {
+        println!("qpw-emu load: {}", throttling.line());
+    }
+    let setup = scenario::setup(&spec)?;
+    if let (false, Some(k)) = (quiet, spec.workload.kernel()) {
+        for l in crate::kernel::info::KernelInfo::read().lines() {
+            println!("{l}");
+        }
+        println!(
+            "qpw-emu load: the running kernel's own drain {k}: it {}; {} triggers/s from cpu {}{}; \
+             {}",
+            k.effect(),
+            spec.drain_rate_hz,
+            spec.requester_cpu,
+            if k.needs_filler() {
+                format!(", the filler on cpu {}", spec.target_cpu)
+            } else {
+                String::new()
+            },
+            match duration {
+                Some(d) => format!("running for {:.1} s.", d.as_secs_f64()),
+                None => "Ctrl-C to stop.".to_string(),
+            }
+        );
+    } else if !quiet {
+        println!(
+            "qpw-emu load: {} mode, workload {}, {} {}drains/s from cpu {}, process-context load on {}; \
+             cpu(s) {free} left free{}. {}",
+            spec.mode,
+            spec.workload,
+            spec.drain_rate_hz,
+            if spec.force { "forced " } else { "" },
+            spec.requester_cpu,
+            spec.load_cpus,
+            if spec.mode == Mode::Queue {
+                " (but for their workers)"
+            } else {
+                ""
+            },
+            match duration {
+                Some(d) => format!("Running for {:.1} s.", d.as_secs_f64()),
+                None => "Ctrl-C to stop.".to_string(),
+            }
+        );
+    }
+    let _away = rt::AwayFrom::cpus(&free);
+    setup.phase.go();
+    let progress = crate::progress::Progress::new("load", duration.unwrap_or(Duration::MAX), quiet);
+    let start = std::time::Instant::now();
+    while duration.is_none_or(|d| start.elapsed() < d) && !rt::interrupted() {
+        if duration.is_some() {
+            progress.tick();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    progress.finish();
+    let qpw_desc = setup.describe();
+    let outcome = setup.finish(free.first())?;
+    note_outcome(&outcome, &mut warnings, quiet);
+    print_requester(&outcome);
+    if let Some(path) = &args.json {
+        let body = LoadBody {
+            tool: "load".to_string(),
+            mode: spec.mode.name().to_string(),
+            workload: spec.workload.name().to_string(),
+            qpw: qpw_desc,
+            free: free.to_string(),
+            seconds: start.elapsed().as_secs_f64(),
+            requester: outcome.requester.clone(),
+            rt_throttling: throttling,
+            isolation: isolation.as_ref().map(|i| i.report.clone()),
+            load: outcome.load.clone(),
+            warnings: warnings.list().to_vec(),
+        };
+        json::write(path, &Envelope::succeeded(start_time, body))?;
+    }
+    Ok(())
+}
+
+/// The JSON body of `qpw-emu load`: no probe thread, only the load's figures.
+#[derive(Debug, serde::Serialize)]
+struct LoadBody {
+    /// `load`.
+    tool: String,
+    /// The drain mode.
+    mode: String,
+    /// The workload.
+    workload: String,
+    /// The framework instance.
+    qpw: String,
+    /// The CPUs left free.
+    free: String,
+    /// Seconds the load ran.
+    seconds: f64,
+    /// The requester's figures.
+    requester: Option<crate::load::RequesterReport>,
+    /// The kernel's RT throttling during the run.
+    rt_throttling: RtThrottling,
+    /// With `--isolate`: what was isolated and how.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    isolation: Option<crate::isolate::IsolationReport>,
+    /// The process-context load's figures.
+    load: crate::load::LoadReport,
+    /// Setup steps that failed.
+    warnings: Vec<String>,
+}

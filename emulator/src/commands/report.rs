@@ -1,0 +1,307 @@
+//! `qpw-emu report FILE.json...`: one comparison table (see [`crate::table`]) and a histogram
+//! and a CCDF plot per tool, from saved results: ours, or the real oslat's and cyclictest's.
+//!
+//! Every file is read and checked before anything is printed. The command line each file
+//! records tells the interval (for cyclictest's samples per second) and the histogram's size.
+//!
+//! `summary.json` of `qpw-emu run` is recognised and skipped (its rows are the scenario files'),
+//! so `report results/<ts>/*.json` works.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context, Result};
+
+use crate::cli::ReportArgs;
+use crate::json::{Buckets, CyclictestBody, Envelope, OslatBody, QpwFields};
+use crate::svg::{self, Series};
+use crate::table::{table, ThreadView, Tool};
+
+/// A result file, as far as the report needs it.
+enum Loaded {
+    Oslat(Envelope<OslatBody>),
+    Cyclictest(Envelope<CyclictestBody>),
+    /// `qpw-emu run`'s summary: skipped.
+    Summary,
+}
+
+fn load(path: &Path) -> Result<Loaded> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    if value.get("tool").and_then(|t| t.as_str()) == Some("qpw-emu run") {
+        return Ok(Loaded::Summary);
+    }
+    let first = value
+        .get("thread")
+        .and_then(|t| t.as_object())
+        .and_then(|t| t.values().next())
+        .ok_or_else(|| {
+            anyhow!(
+                "{}: no `thread` object: not an oslat or cyclictest result",
+                path.display()
+            )
+        })?;
+    if first.get("freq").is_some() {
+        Ok(Loaded::Oslat(serde_json::from_value(value).with_context(
+            || format!("{}: not an oslat result", path.display()),
+        )?))
+    } else if first.get("cycles").is_some() {
+        Ok(Loaded::Cyclictest(
+            serde_json::from_value(value)
+                .with_context(|| format!("{}: not a cyclictest result", path.display()))?,
+        ))
+    } else {
+        Err(anyhow!(
+            "{}: threads have neither `freq` (oslat) nor `cycles` (cyclictest)",
+            path.display()
+        ))
+    }
+}
+
+/// The settings a file's command line gives, as the tool would read them (the defaults when
+/// the line does not parse).
+#[derive(Debug, Clone, Copy)]
+struct Recorded {
+    /// cyclictest: the base interval and the distance between the threads' intervals, in us.
+    interval_us: u64,
+    distance_us: u64,
+    /// cyclictest: the histogram's size (`-h`/`-H`).
+    histogram: Option<u64>,
+}
+
+impl Recorded {
+    fn of(cmdline: &str) -> Self {
+        let mut rec = Self {
+            interval_us: 1000,
+            distance_us: 500,
+            histogram: None,
+        };
+        let args = crate::cli::args_for_invocation(cmdline.split_whitespace().map(Into::into));
+        use clap::Parser;
+        if let Ok(crate::cli::Cli {
+            command: Some(crate::cli::Command::Cyclictest(c)),
+        }) = crate::cli::Cli::try_parse_from(args)
+        {
+            rec.interval_us = c.interval;
+            rec.histogram = c.histogram.or(c.histofall);
+            rec.distance_us = if rec.histogram.is_some() {
+                0
+            } else {
+                c.distance.unwrap_or(500)
+            };
+        }
+        rec
+    }
+}
+
+/// The threads of one file, checked: keys that are latencies, counts that add up.
+fn views(path: &Path, loaded: &Loaded) -> Result<Vec<ThreadView>> {
+    let bad = |i: usize, e: String| anyhow!("{}: thread {i}: {e}", path.display());
+    let mut out = Vec::new();
+    match loaded {
+        Loaded::Summary => {}
+        Loaded::Oslat(doc) => {
+            // oslat's buckets are 1 us; ours say their width.
+            let width_us = doc
+                .body
+                .qpw
+                .settings
+                .as_ref()
+                .map_or(1.0, |s| s.bucket_width_ns as f64 / 1000.0);
+            for (i, t) in doc.body.thread.0.iter().enumerate() {
+                let mut points = t.histogram.points().map_err(|e| bad(i, e))?;
+                let max = t.max.value();
+                if !max.is_finite() || max > Buckets::MAX_KEY_US {
+                    return Err(bad(i, format!("max {max} is not a latency in 0-1e9 us")));
+                }
+                // oslat's last bucket holds the overflows too: when the max lies past it, its
+                // samples are known only to be at least its lower edge.
+                let overflow = match points.last() {
+                    Some(&(key, count)) if max > key => {
+                        points.pop();
+                        Some(svg::Overflow {
+                            from_us: (key - 1.0).max(0.0),
+                            count,
+                        })
+                    }
+                    _ => None,
+                };
+                out.push(ThreadView {
+                    tool: Tool::Oslat,
+                    cpu: t.cpu,
+                    points,
+                    overflow,
+                    max_us: max,
+                    seconds: Some(t.duration),
+                    bucket_us: Some(width_us),
+                });
+            }
+        }
+        Loaded::Cyclictest(doc) => {
+            let rec = Recorded::of(&doc.cmdline);
+            for (i, t) in doc.body.thread.0.iter().enumerate() {
+                let points = t.histogram.points().map_err(|e| bad(i, e))?;
+                let in_range: u64 = points.iter().map(|p| p.1).sum();
+                if in_range > t.cycles {
+                    return Err(bad(
+                        i,
+                        format!(
+                            "its histogram counts {in_range} samples, more than its {} cycles",
+                            t.cycles
+                        ),
+                    ));
+                }
+                // Samples past -h count only in `cycles`.
+                let over = t.cycles - in_range;
+                let from = rec
+                    .histogram
+                    .map(|h| h as f64)
+                    .or_else(|| points.last().map(|p| p.0 + 1.0))
+                    .unwrap_or(0.0);
+                let overflow = (over > 0 && !points.is_empty()).then_some(svg::Overflow {
+                    from_us: from,
+                    count: over,
+                });
+                let interval = rec.interval_us + i as u64 * rec.distance_us;
+                out.push(ThreadView {
+                    tool: Tool::Cyclictest,
+                    cpu: t.cpu,
+                    points,
+                    overflow,
+                    max_us: t.max as f64,
+                    seconds: Some(t.cycles as f64 * interval as f64 / 1e6),
+                    // Whole-microsecond latencies as cyclictest records them: exact values.
+                    bucket_us: None,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `qpw-emu report FILE.json...`: one table, and a histogram and a CCDF per tool.
+pub fn report_cmd(args: &ReportArgs) -> Result<()> {
+    let given = args
+        .threshold
+        .as_deref()
+        .map(|t| crate::validate::float_in("--threshold", t, 0.001, 1e7))
+        .transpose()?;
+    // Every file read and checked before anything is printed.
+    let mut files = Vec::new();
+    let mut skipped = Vec::new();
+    for path in &args.files {
+        let stem = path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        let loaded = load(path)?;
+        if matches!(loaded, Loaded::Summary) {
+            skipped.push(path.display().to_string());
+            continue;
+        }
+        let views = views(path, &loaded)?;
+        let q = match &loaded {
+            Loaded::Oslat(d) => d.body.qpw.clone(),
+            Loaded::Cyclictest(d) => d.body.qpw.clone(),
+            Loaded::Summary => QpwFields::default(),
+        };
+        files.push((stem, q, views));
+    }
+    // The threshold for files without our count: given, or per tool 10 x the quietest file's
+    // median (at least 1 us), so that every file of a tool is held to the same one.
+    let threshold = |tool: Tool| -> f64 {
+        given.unwrap_or_else(|| {
+            let quietest = files
+                .iter()
+                .flat_map(|(_, q, vs)| vs.iter().filter(|v| v.tool == tool).map(|v| v.median(q)))
+                .filter(|m| m.is_finite())
+                .fold(f64::INFINITY, f64::min);
+            (10.0 * quietest).max(1.0)
+        })
+    };
+    let mut rows = Vec::new();
+    let mut series: [(Tool, Vec<Series>); 2] =
+        [(Tool::Oslat, Vec::new()), (Tool::Cyclictest, Vec::new())];
+    let mut thresholds_used = Vec::new();
+    for (stem, q, vs) in &files {
+        let label = series_label(stem, q);
+        for v in vs {
+            // A file of several CPUs: one row each, named apart.
+            let name = if vs.len() > 1 {
+                format!("{stem} cpu{}", v.cpu)
+            } else {
+                stem.clone()
+            };
+            let mut row = v.row(&name, q);
+            let t = threshold(v.tool);
+            v.count_above(&mut row, t);
+            if row.from_threshold && !thresholds_used.contains(&(v.tool, t.to_bits())) {
+                thresholds_used.push((v.tool, t.to_bits()));
+            }
+            rows.push(row);
+            let slot = series.iter_mut().find(|(tool, _)| *tool == v.tool);
+            if let Some((_, list)) = slot {
+                list.push(v.series(format!("{label} cpu{}", v.cpu)));
+            }
+        }
+    }
+    for s in &skipped {
+        println!("skipped {s}: the summary of a `qpw-emu run` (its rows are the scenario files')");
+    }
+    print!("{}", table(&rows, None, None));
+    for (tool, bits) in &thresholds_used {
+        let t = f64::from_bits(*bits);
+        let rule = if given.is_some() {
+            "--threshold".to_string()
+        } else {
+            "10 x the smallest median among its files, at least 1 us; --threshold to set".into()
+        };
+        println!(
+            "interrupt, per s ({}): samples above {t} us ({rule}), for files without an \
+             idle-baseline count of their own",
+            tool.name()
+        );
+    }
+    let out: PathBuf = match &args.out {
+        Some(d) => d.clone(),
+        None => args
+            .files
+            .first()
+            .and_then(|f| f.parent())
+            .map(Path::to_path_buf)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| PathBuf::from(".")),
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let mut written = Vec::new();
+    for (tool, list) in &series {
+        if list.is_empty() {
+            continue;
+        }
+        let title = match tool {
+            Tool::Oslat => "oslat: gaps",
+            Tool::Cyclictest => "cyclictest: wake-up latency",
+        };
+        for (kind, doc) in [
+            ("hist", svg::histogram(title, list)),
+            ("ccdf", svg::ccdf(title, list)),
+        ] {
+            let p = out.join(format!("report-{}-{kind}.svg", tool.name()));
+            std::fs::write(&p, doc).with_context(|| format!("cannot write {}", p.display()))?;
+            written.push(p);
+        }
+    }
+    println!();
+    for p in written {
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+fn series_label(stem: &str, q: &QpwFields) -> String {
+    match (&q.mode, &q.workload) {
+        (Some(m), Some(w)) => format!("{m} {w}"),
+        _ => stem.to_string(),
+    }
+}
