@@ -773,8 +773,8 @@ impl Binding {
     ///
     /// **Cost.** When nobody has called the CPU since the last answer: one load of the CPU's
     /// call counter (a cache line shared with the requesters, written only when one calls),
-    /// compared with the binding's own copy: about a bare relaxed load (`docs/results.md`,
-    /// section 6e). When a requester has called: a restartable sequence that reads the call
+    /// compared with the binding's own copy: about half a nanosecond, twice a bare relaxed load
+    /// in a tight loop (`docs/results.md`, section 6e). When a requester has called: a restartable sequence that reads the call
     /// on this CPU, and a store of it for the requester to see. On a CPU in another mode, or
     /// where restartable sequences are unavailable, nobody calls, and it always returns
     /// [`Polled::Quiet`](crate::Polled::Quiet). Exclusion never depends on it: a poll that
