@@ -154,6 +154,14 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
         "`PerCpu<_, FencedLock>::lock_local` + increment + unlock, fenced mode with the lock named (`per_cpu_with`), thread bound",
     ),
     (
+        "relaxed_load",
+        "bare relaxed load of an `AtomicU32` (baseline of `fenced_poll_quiet`)",
+    ),
+    (
+        "fenced_poll_quiet",
+        "`Binding::poll` of a fenced CPU nobody calls (issue 34): the owner's loop's look for requesters",
+    ),
+    (
         "fenced_remote_idle_target",
         "`PerCpu::lock(other CPU)` + increment + unlock in fenced mode: the requester's `CAS` + membarrier fence, none of our threads on the target",
     ),
@@ -196,6 +204,12 @@ pub const FAST_PATH_BOUNDS: &[(&str, &str, f64, &str)] = &[
         "atomic_lock",
         1.0,
         "a bare atomic lock (issue 15: the fenced mode's owner path, `FencedLock` named)",
+    ),
+    (
+        "fenced_poll_quiet",
+        "relaxed_load",
+        1.5,
+        "a bare relaxed load (issue 34: the owner's poll when nobody has called)",
     ),
 ];
 

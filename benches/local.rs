@@ -14,6 +14,7 @@
 //! | `percpu_owner`: `Owner::lock_local` + increment (owner-only policy) | `tls_cell` | 1.5x |
 //! | `percpu_fenced_bound`: `PerCpu::lock_local` + increment in fenced mode (`Policy::Fenced`: each slot's lock a `FencedLock`), bound thread (issue 15) | `atomic_lock` | 1.0x |
 //! | `percpu_fenced_bound_slot`: the same through `PerCpu::bound_slot` (the look-up done once) | `atomic_lock` | 1.0x |
+//! | `fenced_poll_quiet`: `Binding::poll` on a fenced CPU that nobody calls (issue 34) | `relaxed_load`: a bare relaxed load of an `AtomicU32` | 1.5x |
 //!
 //! Every bench times a plain loop of `iters` calls, each result through one `black_box`
 //! (`iter_custom` + [`looped`]). A first version used `b.iter(|| black_box(op()))`, which
@@ -26,7 +27,7 @@
 
 use std::cell::Cell;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
@@ -321,6 +322,15 @@ fn fenced(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::Wall
                 *named.lock_local().expect("a bound thread has a CPU") += 1;
             })
         })
+    });
+    // The owner's poll when nobody has called (issue 34), beside the one load it should cost.
+    let word = AtomicU32::new(0);
+    group.bench_function("relaxed_load", |b| {
+        b.iter_custom(|iters| looped(iters, || word.load(Ordering::Relaxed)))
+    });
+    let _ = bound.poll(); // a call of an earlier bench, answered
+    group.bench_function("fenced_poll_quiet", |b| {
+        b.iter_custom(|iters| looped(iters, || bound.poll()))
     });
     let Some(other) = cpus.next() else {
         eprintln!("local/fenced_remote_*: skipped: one allowed CPU, no other CPU to fence");

@@ -22,6 +22,15 @@
 //! lost a `HANDOFF` to another slept on `HANDOFF` and missed the winner's wake (fixed in
 //! `lock_slow`). Both now pass.
 //!
+//! The owner's poll (`Binding::poll`, issue 34) has two models of its own: an owner that polls
+//! between its requests, answering a requester's flags on two locks of its CPU, and a thread
+//! bound to the CPU that polls from another CPU. Each is built so that only a poll can make
+//! the answer that would break exclusion, and each fails with the poll's rule broken (an
+//! answer from a thread without the sequence of the CPU; an answer taken without comparing it
+//! with the call): with the polls taken out of the models, the same mutations pass, so the
+//! failures are the poll's. A count kept across executions shows that the polls answered
+//! (and, from elsewhere, refused) in the models that pass.
+//!
 //! Two mock CPUs, one increment per party: the protocol depends only on how the owner and the
 //! requesters interleave, not on how many CPUs or operations there are. Each model ends in a
 //! conservation assertion: every increment lands exactly once.
@@ -30,6 +39,7 @@
 
 mod loom_common;
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use loom::cell::UnsafeCell;
@@ -37,7 +47,7 @@ use loom::thread;
 
 use loom_common::Failure;
 use qpw_core::rseq::mock::{migrate_to, with_acks_off, with_mutation, Mutation};
-use qpw_core::{CpuSpec, FencedLock, Policy, Qpw, RawLocalLock};
+use qpw_core::{CpuSpec, FencedLock, PerCpu, Policy, Polled, Qpw, RawLocalLock};
 
 /// The owner's CPU.
 const OWNER_CPU: usize = 0;
@@ -187,33 +197,119 @@ fn owner_and_requester_twice() {
     ]);
 }
 
+/// The framework's fenced slot: one remote-mode CPU whose slot is behind a `FencedLock`. The
+/// instance, the CPU, its slot, and the physical CPU its threads run on.
+fn fenced_slot() -> (Arc<Qpw>, usize, Arc<PerCpu<u32, FencedLock>>, usize) {
+    let qpw = Arc::new(
+        Qpw::builder()
+            .cpus(CpuSpec::Logical(1))
+            .policy(Policy::Remote)
+            .build()
+            .unwrap(),
+    );
+    let cpu = qpw.cpus().first().unwrap();
+    let phys = qpw.physical_cpu(cpu).unwrap();
+    let slot = Arc::new(qpw.per_cpu_with::<FencedLock, _>(|_| 0u32).unwrap());
+    (qpw, cpu, slot, phys)
+}
+
 /// The framework around it: a remote-mode CPU whose slot is behind a `FencedLock`. The owner
 /// (bound to the CPU) adds while a requester takes the slot through `PerCpu::lock` (the
 /// fenced path) and empties it into its result.
 fn remote_drain_in_the_requester() {
     loom::model(|| {
-        let qpw = Arc::new(
-            Qpw::builder()
-                .cpus(CpuSpec::Logical(1))
-                .policy(Policy::Remote)
-                .build()
-                .unwrap(),
-        );
-        let cpu = qpw.cpus().first().unwrap();
-        let slot = Arc::new(qpw.per_cpu_with::<FencedLock, _>(|_| 0u32).unwrap());
+        let (qpw, cpu, slot, phys) = fenced_slot();
         let owner = {
-            let (qpw, slot) = (qpw.clone(), slot.clone());
+            let slot = slot.clone();
             thread::spawn(move || {
                 migrate_to(Some(OWNER_CPU));
                 let _bound = qpw.bind_current(cpu).unwrap();
                 *slot.lock_local().unwrap() += 1;
             })
         };
-        migrate_to(Some(REQUESTER_CPU));
+        migrate_to(Some(phys + 1));
         let drained = std::mem::take(&mut *slot.lock(cpu).unwrap());
         owner.join().unwrap();
         let rest = *slot.lock(cpu).unwrap();
         assert_eq!(drained + rest, 1, "{CONSERVATION}");
+    });
+}
+
+std::thread_local! {
+    /// How many polls, over every execution of the calling test's models so far, answered
+    /// ([`Polled::Answered`]) and found a call they could not answer ([`Polled::Elsewhere`]):
+    /// what shows that a model's polls took part. A std thread-local, which loom does not
+    /// model: every modelled thread of a test runs on the test's own OS thread, so it counts
+    /// that test's executions and no other test's.
+    static POLLS: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
+}
+
+fn count_poll(outcome: Polled) {
+    POLLS.with(|p| {
+        let (answered, elsewhere) = p.get();
+        match outcome {
+            Polled::Answered => p.set((answered + 1, elsewhere)),
+            Polled::Elsewhere => p.set((answered, elsewhere + 1)),
+            Polled::Quiet => {}
+        }
+    });
+}
+
+/// The owner busy with something else (the issue-34 server between requests): it polls its
+/// binding, takes the lock of one of its CPU's two slots once, and polls again, while a
+/// requester of another CPU takes the other slot's lock and then this one's. The answer is
+/// the CPU's, so a poll answers the requester's flags on both locks; but an answer to its
+/// first call must not settle its second flag, raised while the owner's sequence may be in
+/// flight. No flag is ever raised on the first slot's lock while the owner is in it, so only
+/// a poll can answer the first call: what this model checks of answers is the poll's.
+fn owner_polls() {
+    loom::model(|| {
+        let (qpw, cpu, first, phys) = fenced_slot();
+        let second = Arc::new(qpw.per_cpu_with::<FencedLock, _>(|_| 0u32).unwrap());
+        let owner = {
+            let second = second.clone();
+            thread::spawn(move || {
+                let binding = qpw.bind_current(cpu).unwrap();
+                count_poll(binding.poll());
+                *second.lock_local().unwrap() += 1;
+                count_poll(binding.poll());
+            })
+        };
+        migrate_to(Some(phys + 1));
+        *first.lock(cpu).unwrap() += 1;
+        *second.lock(cpu).unwrap() += 1;
+        owner.join().unwrap();
+        let total = *first.lock(cpu).unwrap() + *second.lock(cpu).unwrap();
+        assert_eq!(total, 3, "{CONSERVATION}");
+    });
+}
+
+/// A thread bound to the owner's CPU polls from another CPU (its pinning undone), while the
+/// owner (a second thread bound there) takes its lock once and a requester takes it once. The
+/// poll must not answer: it proves nothing about the sequence the owner may have in flight on
+/// its CPU.
+fn poll_from_elsewhere() {
+    loom::model(|| {
+        let (qpw, cpu, slot, phys) = fenced_slot();
+        let elsewhere = phys + 1;
+        let owner = {
+            let (qpw, slot) = (qpw.clone(), slot.clone());
+            thread::spawn(move || {
+                let _bound = qpw.bind_current(cpu).unwrap();
+                *slot.lock_local().unwrap() += 1;
+            })
+        };
+        let poller = thread::spawn(move || {
+            let binding = qpw.bind_current(cpu).unwrap();
+            migrate_to(Some(elsewhere));
+            count_poll(binding.poll());
+            count_poll(binding.poll());
+        });
+        migrate_to(Some(elsewhere));
+        *slot.lock(cpu).unwrap() += 1;
+        owner.join().unwrap();
+        poller.join().unwrap();
+        assert_eq!(*slot.lock(cpu).unwrap(), 2, "{CONSERVATION}");
     });
 }
 
@@ -269,6 +365,25 @@ fn loom_fenced_owner_preempted_while_holding_acks_off() {
 #[test]
 fn loom_fenced_remote_drain_in_the_requester() {
     remote_drain_in_the_requester();
+}
+
+/// An owner that polls between its requests answers the requester from its loop, for both
+/// locks of its CPU; nothing is lost or counted twice, and the polls did answer in some
+/// executions (else the model would not be checking them).
+#[test]
+fn loom_fenced_owner_polls() {
+    owner_polls();
+    let (answered, _) = POLLS.with(Cell::get);
+    assert!(answered > 0, "no poll answered in any execution");
+}
+
+/// A poll from another CPU never answers; the requester fences instead.
+#[test]
+fn loom_fenced_poll_from_elsewhere() {
+    poll_from_elsewhere();
+    let (answered, elsewhere) = POLLS.with(Cell::get);
+    assert_eq!(answered, 0, "a poll from another CPU answered");
+    assert!(elsewhere > 0, "no poll found a call to answer");
 }
 
 /// Runs `model` with the requester's fenced path broken as `mutation` says, and checks that
@@ -363,4 +478,28 @@ fn loom_fenced_owner_vs_requester_needs_the_waiters_fence() {
     loom_common::assert_loom_catches(&mutation, Failure::LostWake, || {
         with_mutation(mutation, owner_vs_requester)
     });
+}
+
+// The poll's answer is the lock's: each rule it shares with it is needed in the poll models.
+
+/// A poll that answers from another CPU (without the sequence of the owner's CPU that proves
+/// where it ran) settles the requester's flag while the owner's sequence is in flight: only
+/// the poller can answer in that model, so the failure is the poll's.
+#[test]
+fn loom_fenced_polls_answer_only_on_their_cpu() {
+    assert_caught(Mutation::AckFromAnyThread, poll_from_elsewhere);
+}
+
+/// An answer taken without comparing it with the call: the poll's answer to the first call
+/// (only a poll can answer it) settles the second flag, which no sequence of the owner's CPU
+/// has seen.
+#[test]
+fn loom_fenced_polled_answers_carry_the_epoch() {
+    assert_caught(Mutation::AckWithoutEpoch, owner_polls);
+}
+
+/// With no answer from the poller elsewhere, the fence is what keeps the owner out.
+#[test]
+fn loom_fenced_poll_from_elsewhere_needs_the_fence() {
+    assert_caught(Mutation::SkipFence, poll_from_elsewhere);
 }

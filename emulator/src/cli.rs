@@ -233,7 +233,7 @@ pub struct RunArgs {
     pub rtprio: Option<String>,
     /// How often the probe does a local operation itself: microseconds (200) or a time with its
     /// unit (250ns, 1us), 0 to 1s; 0 means every turn of its loop. The default is an owner
-    /// busy on its lock (the fenced-idle scenario keeps 200 us).
+    /// busy on its lock (the fenced-idle and fenced-poll scenarios keep 200 us).
     #[arg(
         long,
         value_name = "TIME",

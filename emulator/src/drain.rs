@@ -107,6 +107,7 @@ pub fn resolve_drain(
         load_cpus,
         requester_cpu,
         local_op_every: every,
+        owner_polls: false,
         requester_prio: None,
         target_cpu,
     }))

@@ -47,6 +47,10 @@ pub struct LocalOp {
     pub workload: Arc<dyn Workload>,
     /// How often.
     pub every: Duration,
+    /// Whether the probe polls its binding at every turn of its loop
+    /// ([`Binding::poll`](qpw_core::Binding::poll)), as an owner's poll loop does to answer
+    /// fenced-mode requesters between its operations (the default run's `fenced-poll-*`).
+    pub polls: bool,
 }
 
 /// What to measure.
@@ -340,7 +344,7 @@ fn thread_main(
     ctl: &Control,
 ) -> Result<OslatThread> {
     // Pin (and, with a workload, register with its instance so the local lock knows our CPU).
-    let _binding = crate::rt::enter_probe_cpu(
+    let binding = crate::rt::enter_probe_cpu(
         cfg.local_op.as_ref().map(|op| &*op.qpw),
         cpu,
         cfg.rtprio,
@@ -428,6 +432,9 @@ fn thread_main(
     let mut next_op = start.saturating_add(every);
     let mut prev = start;
     let mut op_in_gap = false;
+    let poller = binding
+        .as_ref()
+        .filter(|_| cfg.local_op.as_ref().is_some_and(|op| op.polls));
     loop {
         if memmove {
             copy(&mut dst, &src);
@@ -449,6 +456,11 @@ fn thread_main(
             }
         }
         prev = now;
+        // An owner's poll loop answers the requesters that called its CPU (one load when
+        // none has).
+        if let Some(binding) = poller {
+            binding.poll();
+        }
         if threshold.is_some_and(|t| gap >= t) {
             threshold_crossed(cpu, cal.to_ns(gap), ctl);
             break;

@@ -34,6 +34,8 @@ pub struct DrainSpec {
     pub requester_cpu: usize,
     /// How often the probe does its own local operation.
     pub local_op_every: Duration,
+    /// Whether the probe polls its binding between its operations (`Binding::poll`).
+    pub owner_polls: bool,
     /// `SCHED_FIFO` priority of the requester, if any.
     pub requester_prio: Option<i32>,
     /// The measured CPU (a kernel workload's filler runs there).
@@ -52,6 +54,7 @@ pub struct Setup {
     load: Running,
     before: Vec<CpuCounters>,
     local_op_every: Duration,
+    owner_polls: bool,
 }
 
 /// The load that runs: ours on the emulated caches, or the kernel's own drains.
@@ -118,6 +121,7 @@ pub fn setup(spec: &DrainSpec) -> Result<Setup> {
         load,
         before,
         local_op_every: spec.local_op_every,
+        owner_polls: spec.owner_polls,
     })
 }
 
@@ -147,6 +151,7 @@ fn setup_kernel(spec: &DrainSpec, k: crate::kernel::KernelDrain) -> Result<Setup
         load: Running::Kernel(kernel, k),
         before: Vec::new(),
         local_op_every: spec.local_op_every,
+        owner_polls: spec.owner_polls,
     })
 }
 
@@ -158,6 +163,7 @@ impl Setup {
             qpw: self.qpw.clone(),
             workload: self.workload.clone(),
             every: self.local_op_every,
+            polls: self.owner_polls,
         })
     }
 

@@ -753,6 +753,13 @@ fn run_reports_probe_preemptions_per_drain() {
     let (busy, idle) = (flags("fenced-counter"), flags("fenced-idle-counter"));
     assert!(busy.0 > 0, "the busy owner answered no flag: {busy:?}");
     assert!(idle.1 > 0, "no fence with an idle owner: {idle:?}");
+    // The same idle owner polling its binding at every turn (`fenced-poll-*`, issue 34)
+    // answers them from its loop: more answers and fewer fences than without the poll.
+    let polling = flags("fenced-poll-counter");
+    assert!(
+        polling.0 > idle.0 && polling.1 < idle.1,
+        "(answered, fenced): idle owner {idle:?}, polling owner {polling:?}"
+    );
     assert_eq!(
         flags("remote-counter"),
         (0, 0),

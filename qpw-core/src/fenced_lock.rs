@@ -25,7 +25,10 @@
 //!    (or a hand-over to a sleeper). No atomic read-modify-write. When the sequence finds a
 //!    requester's flag in the word instead, the owner *answers*: a second sequence reads its
 //!    CPU's call counter and the owner publishes what it read in the CPU's answer cell, then
-//!    waits for the requester, answering again and again while it spins.
+//!    waits for the requester, answering again and again while it spins. An owner that spends
+//!    its time away from its locks (polling a socket, a ring) answers from its own loop with
+//!    [`Binding::poll`](crate::Binding::poll): one load of the CPU's call counter when nobody
+//!    has called, the same answer when someone has.
 //! 2. **Requester** (a thread on any other CPU), one at a time per lock (a side mutex):
 //!    - *raise the flag*: `CAS` the word from `FREE` to `FENCED | epoch << 2`, a new epoch for
 //!      every flag (the epoch counter lives under the side mutex);
@@ -63,7 +66,8 @@
 //! - **It starts after the fence.** The fence ordered the requester's `CAS` before it, so its
 //!   load sees the flag (or a later value): it does not store `HELD` over a held lock.
 //!
-//! An answer replaces the fence because it settles the same three cases. It was published by
+//! An answer replaces the fence because it settles the same three cases, whether the owner
+//! made it in its lock or in its loop's poll. It was published by
 //! a thread whose sequence read our call on the lock's CPU, after our flag was raised: a
 //! sequence of that CPU that committed over the flag came earlier in that CPU's order, and our
 //! check after the answer sees it (the flag, with its epoch, never comes back once
@@ -103,16 +107,23 @@
 //! out (a loom-only switch, `rseq::mock::with_mutation`): the requester's fence or its check
 //! (every model with an owner), the side mutex (two preempted requesters), comparing the
 //! answer with the call (twice each), an answer's origin on the lock's CPU (a second requester
-//! answering), and the
-//! waiter's fence before it sleeps (a lost wake: loom reports the deadlock). What loom cannot
-//! check is the mock's premise, that membarrier and a preemption abort and order as the
-//! kernel documents; the stress on real CPUs is the check of that.
+//! answering), and the waiter's fence before it sleeps (a lost wake: loom reports the
+//! deadlock). Two models of the owner's poll (an owner that polls between requests, for two
+//! locks of its CPU; a thread bound to the CPU that polls from another CPU) pass, and fail
+//! when the poll answers without the sequence of the lock's CPU, or when a poll's answer is
+//! taken without comparing it with the call; in each only a poll can make the answer that
+//! breaks exclusion (with the polls taken out, the mutated models pass). On real CPUs
+//! `tests/fenced_poll.rs` checks that a call is answered by the next poll and not by a poll
+//! from another CPU, and conserves every unit under a polling owner scraped thousands of
+//! times. What loom cannot check is the mock's premise, that membarrier and a preemption
+//! abort and order as the kernel documents; the stress on real CPUs is the check of that.
 //!
 //! # The cost, and where it falls
 //!
 //! The owner pays a restartable sequence to take the lock and another to release it: plain
 //! loads and stores. The requester pays a `CAS` and either a wait of a few microseconds for an
-//! owner busy on its lock, or a system call and an inter-processor interrupt. The target CPU
+//! owner busy on its lock or polling, or a system call and an inter-processor interrupt. An
+//! owner that polls pays a load per poll while nobody calls. The target CPU
 //! sees nothing when its owner answers, and otherwise a short interrupt, only while one of
 //! this process's threads runs there (otherwise the kernel skips it): no worker, no context
 //! switch. An owner that finds a flag spins while the requester holds the lock (tens of
@@ -128,7 +139,7 @@
 
 use std::fmt;
 
-pub use crate::rseq_lock::{acks, fence_counts, set_acks, FenceCounts};
+pub use crate::rseq_lock::{acks, fence_counts, set_acks, FenceCounts, Polled};
 use crate::{LocalAttempt, LocalLockKind, RawLocalLock, RawRemoteLock, RseqLock};
 
 /// An [`RseqLock`] that other CPUs may take, by raising a flag and fencing the lock's CPU

@@ -374,6 +374,7 @@ impl Inner {
             id,
             instance: self.id,
             cpu,
+            poller: crate::rseq_lock::Poller::for_cpu(phys),
             _not_send: PhantomData,
         })
     }
@@ -739,6 +740,9 @@ pub struct ShutdownReport {
 /// puts the thread back under the next newest (its CPU and pinning), or, when it was the last,
 /// back as it was before the first (its registration and affinity); dropping an older one only
 /// forgets it. So bindings may be dropped in any order.
+///
+/// A thread that owns a fenced-mode CPU and spends its time on something else (a socket, a
+/// ring) calls [`poll`](Self::poll) in its loop, so that requesters need not fence the CPU.
 #[must_use = "dropping the binding unbinds the thread at once"]
 pub struct Binding {
     id: u64,
@@ -746,7 +750,75 @@ pub struct Binding {
     pub(crate) instance: u64,
     /// The CPU it binds to.
     pub(crate) cpu: usize,
+    /// The last call to the physical CPU this binding answered, and where to look for calls.
+    poller: crate::rseq_lock::Poller,
     _not_send: PhantomData<*const ()>,
+}
+
+impl Binding {
+    /// Answers the requesters that have called this CPU since the last poll, if any: what an
+    /// owner's loop calls between its own operations when it spends its time polling
+    /// something else (a socket, a ring, a device), as Seastar's reactor polls its cross-core
+    /// queues between tasks.
+    ///
+    /// In [fenced mode](crate::Mode::Fenced) a requester on another CPU ([`PerCpu::lock`],
+    /// [`PerCpu::take_each`], a [`drain_all`](crate::PerCpuWork::drain_all)) raises a flag on
+    /// the CPU's lock and calls the CPU; its owner answers when it touches that lock, and
+    /// otherwise the requester fences the CPU with `membarrier`, an interrupt here. An owner
+    /// that is seldom in its locks answers through this call instead, and takes no interrupt.
+    /// The answer is the CPU's: one poll answers for every fenced lock of the CPU, whatever
+    /// state or instance it belongs to. The requester waits for it up to 2 us while the CPU
+    /// answers, so poll at least that often; a requester whose wait went unanswered fences,
+    /// and the next ones fence at once until an answer is seen again.
+    ///
+    /// **Cost.** When nobody has called the CPU since the last answer: one load of the CPU's
+    /// call counter (a cache line shared with the requesters, written only when one calls),
+    /// compared with the binding's own copy: about half a nanosecond, twice a bare relaxed load
+    /// in a tight loop (`docs/results.md`, section 6f). When a requester has called: a restartable sequence that reads the call
+    /// on this CPU, and a store of it for the requester to see. On a CPU in another mode, or
+    /// where restartable sequences are unavailable, nobody calls, and it always returns
+    /// [`Polled::Quiet`](crate::Polled::Quiet). Exclusion never depends on it: a poll that
+    /// does not come costs the requester a fence, no more (the argument is in
+    /// [`fenced_lock`](crate::fenced_lock)).
+    ///
+    /// [`Polled::Elsewhere`](crate::Polled::Elsewhere) when a requester called but the thread
+    /// does not run on its binding's CPU now (its pinning was undone, or a newer binding is in
+    /// force): only a thread running there can answer.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use qpw_core::{Policy, Qpw};
+    ///
+    /// let qpw = Qpw::with_policy(Policy::Fenced)?;
+    /// let requests = qpw.per_cpu(|_cpu| 0u64);
+    /// let cpu = qpw.cpus().first().unwrap();
+    /// let done = AtomicBool::new(false);
+    /// let (taken, served) = std::thread::scope(|s| {
+    ///     // A scrape, from wherever the scheduler runs it: it raises each fenced CPU's flag
+    ///     // and calls the CPU; the owner below answers from its loop.
+    ///     let scrape = s.spawn(|| {
+    ///         let taken = requests.take_each(|_cpu, n| std::mem::take(n));
+    ///         done.store(true, Ordering::Release);
+    ///         taken.iter().map(|(_, n)| n).sum::<u64>()
+    ///     });
+    ///     // The owner: pinned to its CPU, busy with something else (here, watching `done`).
+    ///     let binding = qpw.bind_current(cpu)?;
+    ///     let mine = requests.bound_slot(&binding)?;
+    ///     let mut served = 0;
+    ///     while !done.load(Ordering::Acquire) {
+    ///         *mine.lock() += 1; // a request served
+    ///         served += 1;
+    ///         binding.poll(); // one load, unless a requester has called: then the answer
+    ///     }
+    ///     Ok::<_, qpw_core::Error>((scrape.join().unwrap(), served))
+    /// })?;
+    /// assert_eq!(taken + *requests.lock(cpu)?, served); // nothing lost, nothing twice
+    /// # Ok::<(), qpw_core::Error>(())
+    /// ```
+    #[inline]
+    pub fn poll(&self) -> crate::Polled {
+        self.poller.poll()
+    }
 }
 
 impl fmt::Debug for Binding {

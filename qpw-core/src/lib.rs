@@ -66,7 +66,9 @@
 //!   and answers within a fraction of a microsecond: no interrupt) or fences that CPU with
 //!   `membarrier` (an interrupt there, while a thread of this process runs on it): the
 //!   owner's path loses its atomics, the requester's drain gains a short wait or a system call
-//!   and an inter-processor interrupt ([`fenced_lock`] has the protocol and its argument).
+//!   and an inter-processor interrupt ([`fenced_lock`] has the protocol and its argument). An
+//!   owner that spends its time away from its locks answers from its loop with
+//!   [`Binding::poll`], a load per call while nobody calls.
 //!
 //! Why the atomic word is correct: the word is changed only by atomic read-modify-write with acquire/release
 //! ordering, so exclusion holds whatever CPUs the contenders run on, and the data written by
@@ -113,6 +115,7 @@
 //! | job | call | queue mode | remote mode | fenced mode |
 //! |---|---|---|---|---|
 //! | the owner's own operation | [`PerCpu::lock_local`], or [`BoundSlot::lock`] in a pinned hot loop | two compare-and-swaps | the same | plain stores (restartable sequence) |
+//! | the owner's loop between its operations, when it polls something else (a socket, a ring) | [`Binding::poll`] | nothing to answer: one load | the same | one load while nobody calls; when a requester has, the answer that spares the CPU its fence |
 //! | a metrics scrape: read, take-and-reset, merge every CPU's state | [`PerCpu::take_each`] (collects), [`PerCpu::for_each_locked`] | the caller takes each lock; no worker woken; the owner waits only if it is inside its critical section (2.3 us p50 and no preemption for a scrape of two CPUs, in the client of issue 26) | the same | the same; flags raised at once, answered by busy owners, else one fence (an interrupt) per CPU |
 //! | a drain that the kernel would queue (empty a cache, flush batches) | [`PerCpuWork::drain_all`] | posted to each CPU's worker and waited for: a context switch on each CPU (about 100 us and one preemption of the owner per scrape, in the same client) | run in the caller under each lock | the same, fenced |
 //! | the same with a bound on the wait | [`PerCpuWork::drain_all_timeout`], then [`DrainReport::overran`] | stalls reported | lock waits reported | lock waits reported; a fence's system call is not interruptible |
@@ -291,6 +294,6 @@ pub use owner::{OwnedGuard, OwnedPerCpu, Owner};
 pub use percpu::{BoundSlot, PerCpu, PerCpuGuard};
 pub use pw_lock::PwLock;
 pub use raw_lock::{FairLock, LocalAttempt, RawLocalLock, RawRemoteLock};
-pub use rseq_lock::{LocalLockKind, RseqLock};
+pub use rseq_lock::{LocalLockKind, Polled, RseqLock};
 pub use topology::{FakeSysfs, Topology};
 pub use work::{DrainReport, PerCpuWork, WorkCtx};

@@ -27,7 +27,8 @@
 //!   it happened with no other thread of the CPU running since the load, or the kernel aborted
 //!   the sequence and we try again. No atomic read-modify-write. When the word holds a flag,
 //!   the owner *answers*: a second sequence reads its CPU's call counter, and the owner stores
-//!   what it read into the CPU's answer cell (and keeps answering while it waits).
+//!   what it read into the CPU's answer cell (and keeps answering while it waits). An owner
+//!   away from its locks answers the same way from its loop ([`Binding::poll`](crate::Binding::poll)).
 //! - **Release, on the lock's CPU**: another restartable sequence, which checks the CPU and that
 //!   no waiter is registered, and commits `FREE`. No atomic read-modify-write either.
 //! - **Release from elsewhere, or with a waiter** (a requester, a holder that migrated, or any
@@ -90,7 +91,9 @@
 //!   answer cell) and the owner's *answer*, with the argument ("The answer: a fence the owner
 //!   makes for free") that an answer which has reached a requester's call settles every flag
 //!   that requester raised on the CPU's locks before the call, as the fence would, so that the
-//!   requester skips the fence and its interrupt.
+//!   requester skips the fence and its interrupt; and the owner's *poll*
+//!   ([`Binding::poll`](crate::Binding::poll), "The poll"), the same answer made from the
+//!   owner's own loop when it is away from its locks.
 //! - `requester.rs`, the fenced protocol's requester side: raise, call, wait for the answer,
 //!   fence if none came, check, and back out when the fence fails; the walk that raises many
 //!   CPUs' flags at once; [`set_acks`] and [`fence_counts`].
@@ -137,6 +140,8 @@ use std::fmt;
 use crate::raw_lock::LocalAttempt;
 use crate::sync::{AtomicU32, Ordering};
 use crate::{FairLock, RawLocalLock};
+pub use answer::Polled;
+pub(crate) use answer::Poller;
 pub(crate) use requester::take_flags;
 pub use requester::{acks, fence_counts, set_acks, FenceCounts};
 use section::{Release, Section};
@@ -254,8 +259,13 @@ pub struct RseqLock {
     flag_call: AtomicU32,
     /// The generation of the last hand-over, advanced by the releasing holder.
     handoffs: AtomicU32,
+    /// The lock's CPU as the mock kernel keeps it (its aborts and beacon), shared with every
+    /// other lock of the CPU.
     #[cfg(loom)]
-    mock: loom_mock::Cpu,
+    mock: &'static loom_mock::Cpu,
+    /// The waiters asleep on the word, as the mock kernel keeps them.
+    #[cfg(loom)]
+    futex: loom_mock::Futex,
 }
 
 impl fmt::Debug for RseqLock {
@@ -343,24 +353,27 @@ unsafe impl RawLocalLock for RseqLock {
 
     fn for_cpu(phys: usize) -> Self {
         let fallback = !crate::rseq::lock_available();
+        let cpu = if fallback {
+            FALLBACK_CPU
+        } else {
+            u32::try_from(phys)
+                .ok()
+                .filter(|&c| c < FALLBACK_CPU)
+                .unwrap_or(NO_CPU)
+        };
         Self {
             word: AtomicU32::new(FREE),
             waiters: AtomicU32::new(0),
-            cpu: if fallback {
-                FALLBACK_CPU
-            } else {
-                u32::try_from(phys)
-                    .ok()
-                    .filter(|&c| c < FALLBACK_CPU)
-                    .unwrap_or(NO_CPU)
-            },
+            cpu,
             fallback,
             fair: FairLock::new(),
             epoch: AtomicU32::new(0),
             flag_call: AtomicU32::new(0),
             handoffs: AtomicU32::new(0),
             #[cfg(loom)]
-            mock: loom_mock::Cpu::new(),
+            mock: loom_mock::Cpu::of(cpu),
+            #[cfg(loom)]
+            futex: loom_mock::Futex::new(),
         }
     }
 

@@ -128,6 +128,8 @@ mod imp {
 mod imp {
     pub use loom::cell::{MutPtr, UnsafeCell};
     pub use loom::hint::spin_loop;
+    /// A static made once per loom execution (the mocked kernel's per-CPU state).
+    pub use loom::lazy_static;
     pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
     pub use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
     pub use loom::thread;

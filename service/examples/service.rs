@@ -238,7 +238,7 @@ fn compare(
         }
     }
     println!(
-        "\n{:<7} {:>7} | {:>8} {:>8} {:>8} {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
+        "\n{:<7} {:>7} | {:>8} {:>8} {:>8} {:>9} | {:>8} {:>8} | {:>7} {:>7} | {:>7} {:>7} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
         "mode",
         "scrape/s",
         "req p50",
@@ -249,6 +249,8 @@ fn compare(
         "srv max",
         "vol/scr",
         "inv/scr",
+        "fnc/scr",
+        "ans/scr",
         "scrape50",
         "scrape99",
         "sent",
@@ -260,7 +262,7 @@ fn compare(
     for r in &results {
         let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         println!(
-            "{:<7} {:>7} | {:>8.1} {:>8.1} {:>8.1} {:>9.1} | {:>8} {:>8} | {:>7.2} {:>7.2} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
+            "{:<7} {:>7} | {:>8.1} {:>8.1} {:>8.1} {:>9.1} | {:>8} {:>8} | {:>7.2} {:>7.2} | {:>7.3} {:>7.2} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
             r.mode,
             r.scrape_rate,
             r.load.p50_us,
@@ -271,6 +273,8 @@ fn compare(
             opt(r.service.at_server.map(|p| p.max_us)),
             r.voluntary_per_scrape,
             r.involuntary_per_scrape,
+            r.fences_per_scrape,
+            r.answers_per_scrape,
             opt(r.service.scrape_p50_us),
             opt(r.service.scrape_p99_us),
             r.load.sent,
@@ -285,7 +289,9 @@ fn compare(
          from the request's send to its reply, timed by the serving thread (no load-generator \
          receive side); vol/scr and \
          inv/scr: the serving threads' voluntary and involuntary context switches per scrape; \
-         scrape50/99: one scrape's duration in us; sent, served, scrapd, replid: requests sent, \
+         fnc/scr and ans/scr, fenced mode: the scrapes' flags settled by a membarrier fence of a \
+         serving CPU (an interrupt there) and answered by a serving thread (in its lock, or by \
+         its poll between requests), per scrape; scrape50/99: one scrape's duration in us; sent, served, scrapd, replid: requests sent, \
          answered by the servers, counted by the scrapes (every periodic one and a last one at \
          the end), and answered back to the load generator, each once; ok: scrapd = served = \
          replid, no reply twice. A request dropped by a full socket before the server shows as \

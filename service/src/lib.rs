@@ -560,6 +560,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A serving thread: bound to `cpu`, answers each request with its echo, keeping its CPU's
 /// count, service time and reply buffers in the per-CPU state. Returns how many it served,
 /// and each request's latency at the server (send to reply, [`ServiceReport::at_server`]).
+///
+/// Between requests it polls its binding ([`qpw_core::Binding::poll`]): in fenced mode a
+/// scrape calls its CPU, and the poll's answer spares the CPU the scrape's `membarrier` fence
+/// (an interrupt here). Elsewhere the poll is one load that finds nothing.
 fn serve(
     qpw: &Qpw,
     cpu: usize,
@@ -568,7 +572,7 @@ fn serve(
     stop: &AtomicBool,
     tid: &AtomicI32,
 ) -> Result<(u64, Histogram<u64>)> {
-    let _bound = qpw
+    let bound = qpw
         .bind_current(cpu)
         .with_context(|| format!("cannot bind the server to cpu {cpu}"))?;
     // SAFETY: `gettid` has no preconditions.
@@ -577,6 +581,8 @@ fn serve(
     let mut served = 0;
     let mut at_server = histogram();
     while !stop.load(Ordering::Acquire) {
+        // A scrape waiting for this CPU's answer? (Seldom: one load when none is.)
+        bound.poll();
         let (n, from) = match sock.recv_from(&mut rx) {
             Ok(got) => got,
             Err(e)
@@ -852,6 +858,13 @@ pub struct RunResult {
     pub voluntary_per_scrape: f64,
     /// See `voluntary_per_scrape`.
     pub involuntary_per_scrape: f64,
+    /// Fenced mode: the scrapes' flags on the serving CPUs' locks settled by a `membarrier`
+    /// fence (an interrupt on the serving CPU), per scrape; the others were answered by the
+    /// serving threads ([`qpw_core::fenced_lock::fence_counts`], over the load). 0 in the
+    /// other modes.
+    pub fences_per_scrape: f64,
+    /// See `fences_per_scrape`: the flags the serving CPUs answered, per scrape.
+    pub answers_per_scrape: f64,
     /// Whether the scraped counts equal the requests served: the library's part, no count
     /// lost or taken twice by the scrapes.
     pub nothing_lost: bool,
@@ -909,9 +922,11 @@ pub fn run_one(
         http_port: None,
     })?;
     let before = svc.serving_switches();
+    let fences_before = qpw_core::fenced_lock::fence_counts();
     let hk = svc.housekeeping();
     let load = load(&svc.addrs(), request_rate, duration, Some((hk, &svc.qpw)));
     let after = svc.serving_switches();
+    let fences = qpw_core::fenced_lock::fence_counts().since(&fences_before);
     let qpw = svc.describe();
     let service = svc.stop()?;
     let load = load?;
@@ -928,6 +943,8 @@ pub fn run_one(
         replies_match: load.received == service.served && load.duplicates == 0,
         voluntary_per_scrape: after.0.saturating_sub(before.0) as f64 / scrapes,
         involuntary_per_scrape: after.1.saturating_sub(before.1) as f64 / scrapes,
+        fences_per_scrape: fences.fenced as f64 / scrapes,
+        answers_per_scrape: fences.answered as f64 / scrapes,
         load,
         service,
     })

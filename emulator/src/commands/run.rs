@@ -12,6 +12,11 @@
 //!    probe counts its own involuntary context switches over each round, so each scenario
 //!    also reports *probe preemptions per drain* (FIDELITY 1): about 1 in queue mode, about 0
 //!    in remote mode, beside the gap-based figure that also carries the vCPU's own noise.
+//! 3. With fenced mode, for the first workload, two more fenced rows whose owner touches its
+//!    lock only once per 200 us: `fenced-idle-<workload>`, which never answers the requester's
+//!    flags (each costs a fence), and `fenced-poll-<workload>`, the same owner polling its
+//!    binding at every turn of its loop (`Binding::poll`), as a poll loop would, which answers
+//!    them from there.
 //!
 //! The scenarios are **interleaved**: each of `--rounds` rounds (default 3) runs every scenario
 //! for its share of the duration, and each scenario's figures are the sum of its rounds. The
@@ -72,9 +77,10 @@ const OTHER_THRESHOLDS_NS: [u64; 4] = [2000, 5000, 10_000, 20_000];
 /// second).
 const MIN_ROUND_DRAINS: u64 = 50;
 
-/// The idle-owner scenario's period (`fenced-idle-<workload>`): the owner spins and touches its
-/// lock only this often, enough to give the drains something to take, too seldom to answer a
-/// requester's flag: the fence lands instead.
+/// The idle-owner scenarios' period (`fenced-idle-<workload>`, `fenced-poll-<workload>`): the
+/// owner spins and touches its lock only this often, enough to give the drains something to
+/// take, too seldom to answer a requester's flag from its lock: the fence lands instead,
+/// unless the owner polls its binding between its operations.
 const IDLE_OWNER: Duration = Duration::from_micros(200);
 
 /// The options of a bare `qpw-emu`.
@@ -345,12 +351,18 @@ pub fn run(args: &RunArgs) -> Result<()> {
         for &mode in &modes {
             scenarios.push(Acc::new(&format!("{mode}-{w}"), mode, w, rate));
         }
-        // The fenced owner that does not touch its lock, once (for the first workload): its
-        // CPU does not answer, so each flag costs a fence.
+        // The fenced owner that hardly touches its lock, once (for the first workload): its
+        // CPU does not answer, so each flag costs a fence; and the same owner polling.
         if modes.contains(&Mode::Fenced) && !scenarios.iter().any(|a| a.every.is_some()) {
             let mut idle = Acc::new(&format!("fenced-idle-{w}"), Mode::Fenced, w, rate);
             idle.every = Some(IDLE_OWNER);
             scenarios.push(idle);
+            // The same owner as a poll loop would be (issue 34): between its rare operations
+            // it polls its binding, and answers the requester's flags from there.
+            let mut polling = Acc::new(&format!("fenced-poll-{w}"), Mode::Fenced, w, rate);
+            polling.every = Some(IDLE_OWNER);
+            polling.polls = true;
+            scenarios.push(polling);
         }
     }
     let mut ctx = Ctx {
@@ -458,8 +470,11 @@ struct Acc {
     work_us: Vec<f64>,
     /// Whether Ctrl-C cut one of its rounds short.
     cut_short: bool,
-    /// The probe's local operation period, when the scenario has its own (`fenced-idle-*`).
+    /// The probe's local operation period, when the scenario has its own (`fenced-idle-*`,
+    /// `fenced-poll-*`).
     every: Option<Duration>,
+    /// Whether the probe polls its binding at every turn of its loop (`fenced-poll-*`).
+    polls: bool,
 }
 
 impl Acc {
@@ -489,6 +504,7 @@ impl Acc {
             },
             work_us: Vec::new(),
             every: None,
+            polls: false,
             cut_short: false,
         }
     }
@@ -568,6 +584,7 @@ impl Ctx {
             load_cpus: self.cpus.allowed.difference(&target_set),
             requester_cpu: self.housekeeping,
             local_op_every: acc.every.unwrap_or(self.every),
+            owner_polls: acc.polls,
             requester_prio: None,
             target_cpu: self.target,
         };
@@ -1097,6 +1114,20 @@ impl Ctx {
                     two(f.answers_per_drain),
                     two(f.fences_per_drain),
                     f.drain_p50.map_or("n/a".into(), |v| format!("{v:.1} us")),
+                ));
+                continue;
+            }
+            if let Some(w) = w.strip_prefix("poll-") {
+                let remote = find(&format!("remote-{w}"));
+                lines.push(format!(
+                    "{w}: the same idle owner polling its binding at every turn of its spin loop \
+                     (fenced-poll-{w}: Binding::poll, as an owner's poll loop answers requesters \
+                     between its operations): per drain the target answered {} of the \
+                     requester's flags and was fenced for {}; drain p50 {}, {} remote mode's",
+                    two(f.answers_per_drain),
+                    two(f.fences_per_drain),
+                    f.drain_p50.map_or("n/a".into(), |v| format!("{v:.1} us")),
+                    remote.map_or("n/a".into(), |r| ratio(f.drain_p50, r.drain_p50)),
                 ));
                 continue;
             }

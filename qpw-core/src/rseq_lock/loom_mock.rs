@@ -14,6 +14,16 @@
 //! and stores in the same step, as the kernel's abort, which moves the instruction pointer,
 //! makes them one.
 //!
+//! That count and the CPU's beacon are the CPU's, not a lock's: every lock of a CPU, and a
+//! [`Binding`](crate::Binding) of a thread bound there (whose poll answers for the CPU), find
+//! the same [`Cpu`] ([`Cpu::of`]), as on a real CPU a thread's sequence aborts whatever
+//! sequence was in flight there, whichever lock it was for. The table of mock CPUs is a loom
+//! `lazy_static`, made again for each execution; a lock looks its CPU up when it is made and a
+//! binding when it polls. Loom orders every look-up after the table's making (an acquire of
+//! its release), which adds no order to a model: the table is made with the model's first
+//! lock, before its threads start, or by the first poll, which comes after a lock is made. The
+//! `futex` is the lock's own.
+//!
 //! That mutex is taken only at points where the kernel synchronises with the CPU: a sequence's
 //! start and commit, and the fence's interrupt, which is a full barrier on the target CPU that
 //! the caller waits for. So it orders nothing the kernel does not: a commit that succeeds has
@@ -31,31 +41,70 @@
 //! requester's fence or its check, the answer's CPU or epoch, the side mutex, the waiter's
 //! fence), so that the models can show they catch each loss.
 
-use crate::sync::{AtomicU32, Condvar, Mutex, Ordering};
+use std::cell::RefCell;
 
-/// What the kernel does for one lock's CPU: abort sequences, and `futex`.
+use crate::sync::{lazy_static, AtomicU32, Condvar, Mutex, Ordering};
+
+/// How many CPUs one model may use: its locks' CPUs (two, `0` and `1`, or the physical CPU a
+/// `Qpw` instance runs its CPU on) and the "no CPU" of `RseqLock::new`.
+const MOCK_CPUS: usize = 4;
+
+/// The mock CPUs of one execution: which CPU each entry is (in the order of first use), and
+/// its state.
+struct Cpus {
+    numbers: RefCell<[Option<u32>; MOCK_CPUS]>,
+    cpus: [Cpu; MOCK_CPUS],
+}
+
+lazy_static! {
+    static ref CPUS: Cpus = Cpus {
+        numbers: RefCell::new([None; MOCK_CPUS]),
+        cpus: std::array::from_fn(|_| Cpu::new()),
+    };
+}
+
+/// What the kernel does for one CPU: abort its sequences. And the CPU's beacon, which its
+/// threads answer.
 #[derive(Debug)]
-pub(super) struct Cpu {
+pub(crate) struct Cpu {
     /// How many times a sequence of this CPU has been aborted or begun: bumped when a
     /// sequence starts (the thread that had one in flight here was preempted) and by the
     /// CPU fence (its interrupt). The mutex is taken only at the moments the kernel
     /// synchronises with the CPU: a sequence's start and commit (a point in that CPU's
     /// instruction stream) and the fence's interrupt landing there.
     interrupts: Mutex<u64>,
-    futex: Mutex<()>,
-    woken: Condvar,
-    /// The CPU's beacon: per lock under loom, where each model has one lock per CPU.
+    /// The CPU's beacon (`answer.rs`).
     pub(super) beacon: super::answer::Beacon,
 }
 
 impl Cpu {
-    pub(super) fn new() -> Self {
+    fn new() -> Self {
         Self {
             interrupts: Mutex::new(0),
-            futex: Mutex::new(()),
-            woken: Condvar::new(),
             beacon: super::answer::Beacon::new(),
         }
+    }
+
+    /// CPU `cpu`'s state in this execution (the same for every lock of the CPU and every
+    /// binding to it).
+    ///
+    /// # Panics
+    ///
+    /// When a model uses more than [`MOCK_CPUS`] CPUs.
+    pub(crate) fn of(cpu: u32) -> &'static Cpu {
+        let table: &'static Cpus = &CPUS;
+        let mut numbers = table.numbers.borrow_mut();
+        let idx = match numbers.iter().position(|&n| n == Some(cpu)) {
+            Some(idx) => idx,
+            None => {
+                let Some(free) = numbers.iter().position(Option::is_none) else {
+                    panic!("a loom model uses more than {MOCK_CPUS} mock CPUs");
+                };
+                numbers[free] = Some(cpu);
+                free
+            }
+        };
+        &table.cpus[idx]
     }
 
     /// A sequence starts on this CPU: one in flight here (another thread's, which must
@@ -110,10 +159,27 @@ impl Cpu {
     pub(super) fn fence(&self) {
         *self.interrupts.lock().unwrap() += 1;
     }
+}
+
+/// A lock's `futex`: its waiters asleep on the word.
+#[derive(Debug)]
+pub(super) struct Futex {
+    /// The hash bucket's lock.
+    bucket: Mutex<()>,
+    woken: Condvar,
+}
+
+impl Futex {
+    pub(super) fn new() -> Self {
+        Self {
+            bucket: Mutex::new(()),
+            woken: Condvar::new(),
+        }
+    }
 
     /// `FUTEX_WAIT`: sleeps unless the word has changed, checked under the bucket lock.
-    pub(super) fn futex_wait(&self, word: &AtomicU32, expected: u32) {
-        let guard = self.futex.lock().unwrap();
+    pub(super) fn wait(&self, word: &AtomicU32, expected: u32) {
+        let guard = self.bucket.lock().unwrap();
         if word.load(Ordering::SeqCst) == expected {
             drop(self.woken.wait(guard).unwrap());
         }
@@ -121,8 +187,8 @@ impl Cpu {
 
     /// `FUTEX_WAKE` of one waiter, as the lock asks of the kernel, under the same bucket
     /// lock.
-    pub(super) fn futex_wake(&self) {
-        let _guard = self.futex.lock().unwrap();
+    pub(super) fn wake(&self) {
+        let _guard = self.bucket.lock().unwrap();
         self.woken.notify_one();
     }
 }

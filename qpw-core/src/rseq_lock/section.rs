@@ -4,10 +4,10 @@
 //! abort handler, before the final store) if the thread is preempted, migrated or signalled
 //! before it ends. There are three: `section` takes the lock (on the lock's CPU, if the word
 //! is `FREE`, commit `HELD`), `release_section` releases it (on the lock's CPU, with no waiter
-//! registered, commit `FREE`), and `read_section` loads a word on the lock's CPU (the owner's
-//! read of the CPU's call, `answer.rs`). Each is one `asm!` block for x86-64 with its own
-//! `struct rseq_cs` descriptor, and its `// SAFETY:` comment is the argument that the kernel's
-//! rules are kept. On other architectures `lock_available` is false, every lock takes the
+//! registered, commit `FREE`), and `CpuBeacon::read_call` loads a CPU's call on that CPU (the
+//! answer's read, `answer.rs`, whether a lock's owner or a binding's poll answers). Each is
+//! one `asm!` block for x86-64 with its own `struct rseq_cs` descriptor, and its `// SAFETY:`
+//! comment is the argument that the kernel's rules are kept. On other architectures `lock_available` is false, every lock takes the
 //! [`FairLock`](crate::FairLock) protocol, and the stubs here never commit; under loom the
 //! sequences are mocked as three steps each (`loom_mock.rs`).
 //!
@@ -16,10 +16,10 @@
 //! before the later ones there. The requester's fence (`requester.rs`) and a waiter's, before
 //! it sleeps (`wait.rs`), are this call.
 
+use super::answer::CpuBeacon;
 use super::RseqLock;
 #[cfg(loom)]
 use super::{FREE, HELD};
-use crate::sync::AtomicU32;
 #[cfg(loom)]
 use crate::sync::Ordering;
 
@@ -207,85 +207,6 @@ impl RseqLock {
         }
     }
 
-    /// One restartable sequence that loads `cell` if the thread runs on the lock's CPU: a load
-    /// known to have run there (the answer's read of the CPU's call).
-    #[cfg(all(not(loom), target_arch = "x86_64"))]
-    #[inline]
-    pub(super) fn read_section(&self, cell: &AtomicU32) -> Read {
-        let Some(area) = crate::rseq::area() else {
-            return Read::WrongCpu;
-        };
-        let outcome: u32;
-        let seen: u32;
-        // SAFETY: as in `section`, points (1), (2), (3) and (5), for a third descriptor; (4)
-        // `cell` is a live `AtomicU32` for the borrow, read with a single-copy-atomic 4-byte
-        // `mov`; the sequence stores nothing but `rseq_cs`. Its critical section ends right
-        // after the load, so an abort can only come between the CPU check and the load.
-        unsafe {
-            std::arch::asm!(
-                ".pushsection __rseq_cs, \"aw\"",
-                ".balign 32",
-                "3:",
-                ".long 0, 0",
-                ".quad 4f, (5f - 4f), 6f",
-                ".popsection",
-                "xor {out:e}, {out:e}",
-                "lea {tmp}, [rip + 3b]",
-                "mov qword ptr [{area} + 8], {tmp}",
-                "4:",
-                "cmp dword ptr [{area} + 4], {cpu:e}",
-                "jne 7f",
-                "mov {seen:e}, dword ptr [{cell}]",
-                "5:",
-                ".pushsection __rseq_failure, \"ax\"",
-                "7:",
-                "mov {out:e}, 1",
-                "jmp 9f",
-                ".byte 0x0f, 0xb9, 0x3d",
-                ".long 0x53053053",
-                "6:",
-                "mov {out:e}, 2",
-                "jmp 9f",
-                ".popsection",
-                "9:",
-                area = in(reg) area,
-                cpu = in(reg) self.cpu,
-                cell = in(reg) cell.as_ptr(),
-                tmp = out(reg) _,
-                seen = out(reg) seen,
-                out = out(reg) outcome,
-                options(nostack),
-            );
-        }
-        match outcome {
-            0 => Read::Seen(seen),
-            1 => Read::WrongCpu,
-            _ => Read::Aborted,
-        }
-    }
-
-    /// As `section`.
-    #[cfg(all(not(loom), not(target_arch = "x86_64")))]
-    #[inline(always)]
-    pub(super) fn read_section(&self, _cell: &AtomicU32) -> Read {
-        Read::WrongCpu
-    }
-
-    /// The mocked read: start, load, and a check that no abort came in between.
-    #[cfg(loom)]
-    pub(super) fn read_section(&self, cell: &AtomicU32) -> Read {
-        if crate::rseq::mock::current() != Some(self.cpu as usize) {
-            return Read::WrongCpu;
-        }
-        let started = self.mock.start();
-        let seen = cell.load(Ordering::Acquire);
-        if self.mock.unaborted(started) {
-            Read::Seen(seen)
-        } else {
-            Read::Aborted
-        }
-    }
-
     /// No sequence assembly for this architecture: `lock_available` is false, and the fallback
     /// never calls this.
     #[cfg(all(not(loom), not(target_arch = "x86_64")))]
@@ -355,5 +276,90 @@ impl RseqLock {
     pub(super) fn fence_cpu(&self) -> std::io::Result<()> {
         self.mock.fence();
         Ok(())
+    }
+}
+
+impl CpuBeacon {
+    /// One restartable sequence that loads the CPU's call if the thread runs on the CPU: a
+    /// load known to have run there (the answer's read).
+    #[cfg(all(not(loom), target_arch = "x86_64"))]
+    #[inline]
+    pub(super) fn read_call(&self) -> Read {
+        let cell = &self.beacon.call;
+        let Some(area) = crate::rseq::area() else {
+            return Read::WrongCpu;
+        };
+        let outcome: u32;
+        let seen: u32;
+        // SAFETY: as in `RseqLock::section`, points (1), (2), (3) and (5), for a third
+        // descriptor (a poller's `cpu` is a physical CPU or `FALLBACK_CPU`, as a lock's is, so
+        // no `cpu_id` of a thread without a registration equals it either); (4) `cell` is a
+        // live `AtomicU32` (a beacon's, in a static), read with a single-copy-atomic 4-byte
+        // `mov`; the sequence stores nothing but `rseq_cs`. Its critical section ends right
+        // after the load, so an abort can only come between the CPU check and the load.
+        unsafe {
+            std::arch::asm!(
+                ".pushsection __rseq_cs, \"aw\"",
+                ".balign 32",
+                "3:",
+                ".long 0, 0",
+                ".quad 4f, (5f - 4f), 6f",
+                ".popsection",
+                "xor {out:e}, {out:e}",
+                "lea {tmp}, [rip + 3b]",
+                "mov qword ptr [{area} + 8], {tmp}",
+                "4:",
+                "cmp dword ptr [{area} + 4], {cpu:e}",
+                "jne 7f",
+                "mov {seen:e}, dword ptr [{cell}]",
+                "5:",
+                ".pushsection __rseq_failure, \"ax\"",
+                "7:",
+                "mov {out:e}, 1",
+                "jmp 9f",
+                ".byte 0x0f, 0xb9, 0x3d",
+                ".long 0x53053053",
+                "6:",
+                "mov {out:e}, 2",
+                "jmp 9f",
+                ".popsection",
+                "9:",
+                area = in(reg) area,
+                cpu = in(reg) self.cpu,
+                cell = in(reg) cell.as_ptr(),
+                tmp = out(reg) _,
+                seen = out(reg) seen,
+                out = out(reg) outcome,
+                options(nostack),
+            );
+        }
+        match outcome {
+            0 => Read::Seen(seen),
+            1 => Read::WrongCpu,
+            _ => Read::Aborted,
+        }
+    }
+
+    /// No sequence assembly for this architecture: `lock_available` is false, and no CPU is
+    /// ever called.
+    #[cfg(all(not(loom), not(target_arch = "x86_64")))]
+    #[inline(always)]
+    pub(super) fn read_call(&self) -> Read {
+        Read::WrongCpu
+    }
+
+    /// The mocked read: start, load, and a check that no abort came in between.
+    #[cfg(loom)]
+    pub(super) fn read_call(&self) -> Read {
+        if crate::rseq::mock::current() != Some(self.cpu as usize) {
+            return Read::WrongCpu;
+        }
+        let started = self.mock.start();
+        let seen = self.beacon.call.load(Ordering::Acquire);
+        if self.mock.unaborted(started) {
+            Read::Seen(seen)
+        } else {
+            Read::Aborted
+        }
     }
 }

@@ -307,13 +307,13 @@ impl RseqLock {
         _deadline: Option<std::time::Instant>,
         _unordered: bool,
     ) -> bool {
-        self.mock.futex_wait(&self.word, expected);
+        self.futex.wait(&self.word, expected);
         true
     }
 
     #[cfg(loom)]
     pub(super) fn futex_wake(&self) {
-        self.mock.futex_wake();
+        self.futex.wake();
     }
 }
 
