@@ -389,11 +389,16 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Res
     ctl.go.store(true, Ordering::SeqCst);
     phase.go();
     let mut interrupted = false;
+    // cyclictest 2.4's main loop: print, then count the threads that reached -l, sleep 10 ms,
+    // and stop everything once one has. A thread that reaches -l ends alone; the others run
+    // on until this loop has seen it (up to two of its turns), and what they record after its
+    // last print is not printed, as in 2.4.
     loop {
         if crate::rt::interrupted() {
             interrupted = true;
             break;
         }
+        let asked_to_stop = watch.tick(&live);
         let one_done = cfg.loops > 0
             && live
                 .iter()
@@ -402,10 +407,13 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Res
         let failed = handles.iter().zip(&live).any(|(h, l)| {
             h.is_finished() && (cfg.loops == 0 || l.cycles.load(Ordering::Relaxed) < cfg.loops)
         });
-        if ctl.stop.load(Ordering::SeqCst) || one_done || failed || watch.tick(&live) {
+        if ctl.stop.load(Ordering::SeqCst) || failed || asked_to_stop {
             break;
         }
         crate::signals::wait_for(Duration::from_millis(10));
+        if one_done {
+            break;
+        }
     }
     ctl.stop.store(true, Ordering::SeqCst);
     phase.stop();
@@ -681,10 +689,9 @@ fn thread_main(
                 next += interval;
             }
         }
-        // The first thread to reach -l stops them all, as in cyclictest (its `shutdown`): the
-        // others show fewer cycles.
+        // A thread that reaches -l ends alone, as in cyclictest; the main loop stops the others
+        // once it has seen it, so they show fewer cycles.
         if cfg.loops > 0 && t.cycles >= cfg.loops {
-            ctl.stop.store(true, Ordering::SeqCst);
             break;
         }
     }
@@ -831,6 +838,10 @@ impl Watch for LiveLines {
     }
 
     fn done(&mut self, live: &[Arc<Live>]) {
+        // 2.4 prints no sample after its main loop's last turn (`-v`): nor do we.
+        if self.verbose.is_some() {
+            return;
+        }
         self.draw(live, true);
     }
 }
