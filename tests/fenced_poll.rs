@@ -123,9 +123,9 @@ fn a_poll_from_another_cpu_does_not_answer() {
 /// An owner that serves (adds to its CPU's slot) and polls between requests, and a requester
 /// on another CPU that scrapes it again and again with `take_each`: every unit is taken
 /// exactly once, and the owner's polls answered some of the scrapes' flags before the
-/// scraper fenced (a count, no timing: the scraper goes on past its scrapes, at most a
-/// hundredfold, until the owner has answered a waiting scrape, so that an owner kept off its
-/// CPU a while by the machine's other work does not fail the test).
+/// scraper fenced (the scraper goes on past its scrapes until the owner has answered a
+/// waiting scrape, so that an owner kept off its CPU a while by the machine's other work does
+/// not fail the test; 120 s without one is a hang).
 #[test]
 fn stress_a_polling_owner_under_scrapes() {
     let _turn = turn();
@@ -160,6 +160,7 @@ fn stress_a_polling_owner_under_scrapes() {
             std::hint::spin_loop();
         }
         let (mut taken, mut scrapes) = (0u64, 0u64);
+        let start = std::time::Instant::now();
         loop {
             for (_, n) in state.take_each(|_, n| std::mem::take(n)) {
                 taken += n;
@@ -167,7 +168,10 @@ fn stress_a_polling_owner_under_scrapes() {
             scrapes += 1;
             let answered = polls_answered.load(Ordering::Relaxed) > 0
                 && fence_counts().since(&before).answered > 0;
-            if !calls() || scrapes >= 100 * SCRAPES || (scrapes >= SCRAPES && answered) {
+            if !calls()
+                || (scrapes >= SCRAPES && answered)
+                || start.elapsed() > std::time::Duration::from_secs(120)
+            {
                 break;
             }
         }
@@ -189,8 +193,10 @@ fn stress_a_polling_owner_under_scrapes() {
 
 /// A requester whose wait went unanswered (the owner was not polling) stops waiting for that
 /// CPU; once the owner polls, answers are seen again (after a fence, or while a requester
-/// holds the lock), the requesters wait again, and are answered. (A count, no timing: the
-/// requester goes on past its takes, at most a hundredfold, until one was answered.)
+/// holds the lock), the requesters wait again, and are answered. The requester goes on past
+/// its takes until one was answered: the owner must have run to answer, and on a busy machine
+/// its CPU may be another's for a while (30 000 takes, a quarter of a second, went by beside
+/// `stress-ng --cpu 2` with no answer); 120 s without one is a hang.
 #[test]
 fn requesters_wait_again_for_an_owner_that_starts_polling() {
     let _turn = turn();
@@ -216,12 +222,16 @@ fn requesters_wait_again_for_an_owner_that_starts_polling() {
             std::hint::spin_loop();
         }
         let before = fence_counts();
+        let start = std::time::Instant::now();
         let mut takes = 0;
         loop {
             *state.lock(owner_cpu).unwrap() += 1;
             takes += 1;
             let answered = fence_counts().since(&before).answered > 0;
-            if !calls() || takes >= 100 * TAKES || (takes >= TAKES && answered) {
+            if !calls()
+                || (takes >= TAKES && answered)
+                || start.elapsed() > std::time::Duration::from_secs(120)
+            {
                 break;
             }
         }
