@@ -629,12 +629,23 @@ fn run_reports_excess_interruptions_round_by_round() {
                 } else {
                     (known[n / 2 - 1] + known[n / 2]) / 2.0
                 };
-                assert_eq!(
-                    i["excess_per_drain_median"].as_f64(),
-                    Some(median),
-                    "{name}"
+                // To the last bits: the rounds' figures and the median are worked out along
+                // different sums, so an even count's mean of two may differ in its last bit
+                // (0.8311417374465533 against ...532, once, when a busy machine left a round
+                // out; with three rounds the median is one of them, and exact).
+                let close = |v: Option<f64>| {
+                    v.is_some_and(|v| (v - median).abs() <= 1e-9 * median.abs().max(1.0))
+                };
+                assert!(
+                    close(i["excess_per_drain_median"].as_f64()),
+                    "{name}: {:?} against {median}",
+                    i["excess_per_drain_median"]
                 );
-                assert_eq!(row["excess_per_drain"].as_f64(), Some(median), "{name}");
+                assert!(
+                    close(row["excess_per_drain"].as_f64()),
+                    "{name}: {:?} against {median}",
+                    row["excess_per_drain"]
+                );
                 assert_eq!(
                     i["excess_per_drain_se"].is_number(),
                     n >= 2,
