@@ -393,16 +393,21 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Res
     // and stop everything once one has. A thread that reaches -l ends alone; the others run
     // on until this loop has seen it (up to two of its turns), and what they record after its
     // last print is not printed, as in 2.4.
+    //
+    // One difference: the counts are read before the print, where 2.4 reads them after it. A
+    // thread that reached -l between 2.4's print and its count ended the run with its last
+    // samples unprinted (`-l 40 -v -o 10` once printed 3 reduced lines of 4 in CI); here the
+    // print that ends the run has seen every sample of the thread that ended it.
     loop {
         if crate::rt::interrupted() {
             interrupted = true;
             break;
         }
-        let asked_to_stop = watch.tick(&live);
         let one_done = cfg.loops > 0
             && live
                 .iter()
-                .any(|l| l.cycles.load(Ordering::Relaxed) >= cfg.loops);
+                .any(|l| l.cycles.load(Ordering::Acquire) >= cfg.loops);
+        let asked_to_stop = watch.tick(&live);
         // A thread that ended before its loops were done failed (or panicked): stop all.
         let failed = handles.iter().zip(&live).any(|(h, l)| {
             h.is_finished() && (cfg.loops == 0 || l.cycles.load(Ordering::Relaxed) < cfg.loops)
@@ -1029,4 +1034,94 @@ pub fn write_histogram(
         writeln!(out, "{line}")?;
     }
     writeln!(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A watch that prints `-v -o 10` into a buffer and, at its first turn after the thread
+    /// started, holds the main loop until the thread has reached `-l`: the widest form of the
+    /// race between a print and the count that ends the run.
+    struct HoldingWatch {
+        verbose: Verbose,
+        out: Vec<u8>,
+        loops: u64,
+        held: bool,
+    }
+
+    impl Watch for HoldingWatch {
+        fn tick(&mut self, live: &[Arc<Live>]) -> bool {
+            self.verbose.print(live, &mut self.out);
+            if !self.held && live[0].cycles.load(Ordering::Acquire) > 0 {
+                self.held = true;
+                let until = Instant::now() + Duration::from_secs(10);
+                while live[0].cycles.load(Ordering::Acquire) < self.loops && Instant::now() < until
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            false
+        }
+
+        fn done(&mut self, _live: &[Arc<Live>]) {}
+    }
+
+    /// The thread that ends a `-l` run has every sample printed, however late the main loop
+    /// counts it (2.4 counts after printing and can drop the last ones).
+    #[test]
+    fn the_print_that_ends_a_loops_run_has_every_sample() {
+        let loops = 40;
+        let cfg = CyclicConfig {
+            threads: vec![ThreadSpec {
+                cpu: 0,
+                policy: Policy::Other,
+                prio: 0,
+                interval: Duration::from_micros(500),
+            }],
+            duration: None,
+            loops,
+            clock: libc::CLOCK_MONOTONIC,
+            sleep: SleepMode::Absolute,
+            nsecs: false,
+            histogram: None,
+            breaktrace: None,
+            spike: None,
+            align: Align::None,
+            verbose: true,
+            local_op: None,
+            late_log: None,
+        };
+        let mut watch = HoldingWatch {
+            verbose: Verbose::new(1, 10),
+            out: Vec::new(),
+            loops,
+            held: false,
+        };
+        let run = run(&cfg, &Arc::new(Phase::default()), &mut watch).expect("the run");
+        assert!(watch.held, "the thread never started before the run ended");
+        assert_eq!(run.threads[0].cycles, loops);
+        let text = String::from_utf8(watch.out).expect("utf-8");
+        let cycles: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                let f: Vec<&str> = l.split(':').map(str::trim).collect();
+                assert_eq!(f.len(), 3, "{l}");
+                assert_eq!(f[0], "0", "{l}");
+                f[1].parse().expect("a cycle")
+            })
+            .collect();
+        assert_eq!(
+            cycles.len(),
+            4,
+            "one reduced line per 10 of 40 samples:\n{text}"
+        );
+        for (block, c) in cycles.iter().enumerate() {
+            let first = block as u64 * 10;
+            assert!(
+                (first..first + 10).contains(c),
+                "line {block} names cycle {c}:\n{text}"
+            );
+        }
+    }
 }

@@ -581,6 +581,8 @@ fn cyclictest_nsecs() {
 #[test]
 fn cyclictest_oscope() {
     // cyclictest flag: -o --oscope (with -v)
+    // Exactly 4: the main loop reads the counts before it prints, so the print that ends the
+    // run has seen all 40 samples (2.4 reads them after; this test once saw 3 lines in CI).
     let o = run("cyclictest -l 40 -q -v -o 10");
     let values = o
         .ok()
