@@ -31,6 +31,14 @@
 //! failures are the poll's. A count kept across executions shows that the polls answered
 //! (and, from elsewhere, refused) in the models that pass.
 //!
+//! Issue 44 widened them where a wrap of the answer counters slipped through: the owner's CPU
+//! starts with 2^31 calls unanswered, and one call short of the call counter's end, and each
+//! model fails with the old 32-bit comparison or with a call at the end taken as answered; two
+//! pollers of one CPU check that the answer never moves backwards (and fail when it is stored
+//! as read); and a poller migrates in the middle of its answer, before its sequence, inside it
+//! (the mock aborts a migrated thread's sequence, as the kernel does: that poll never answers)
+//! and before its publish (the answer stands).
+//!
 //! Two mock CPUs, one increment per party: the protocol depends only on how the owner and the
 //! requesters interleave, not on how many CPUs or operations there are. Each model ends in a
 //! conservation assertion: every increment lands exactly once.
@@ -46,7 +54,9 @@ use loom::cell::UnsafeCell;
 use loom::thread;
 
 use loom_common::Failure;
-use qpw_core::rseq::mock::{migrate_to, with_acks_off, with_mutation, Mutation};
+use qpw_core::rseq::mock::{
+    migrate_at, migrate_to, with_acks_off, with_counters_at, with_mutation, AnswerPoint, Mutation,
+};
 use qpw_core::{CpuSpec, FencedLock, PerCpu, Policy, Polled, Qpw, RawLocalLock};
 
 /// The owner's CPU.
@@ -284,6 +294,19 @@ fn owner_polls() {
     });
 }
 
+/// The owner: a thread bound to `cpu` that adds one to its slot through `lock_local`.
+fn spawn_owner(
+    qpw: &Arc<Qpw>,
+    cpu: usize,
+    slot: &Arc<PerCpu<u32, FencedLock>>,
+) -> thread::JoinHandle<()> {
+    let (qpw, slot) = (qpw.clone(), slot.clone());
+    thread::spawn(move || {
+        let _bound = qpw.bind_current(cpu).unwrap();
+        *slot.lock_local().unwrap() += 1;
+    })
+}
+
 /// A thread bound to the owner's CPU polls from another CPU (its pinning undone), while the
 /// owner (a second thread bound there) takes its lock once and a requester takes it once. The
 /// poll must not answer: it proves nothing about the sequence the owner may have in flight on
@@ -292,13 +315,7 @@ fn poll_from_elsewhere() {
     loom::model(|| {
         let (qpw, cpu, slot, phys) = fenced_slot();
         let elsewhere = phys + 1;
-        let owner = {
-            let (qpw, slot) = (qpw.clone(), slot.clone());
-            thread::spawn(move || {
-                let _bound = qpw.bind_current(cpu).unwrap();
-                *slot.lock_local().unwrap() += 1;
-            })
-        };
+        let owner = spawn_owner(&qpw, cpu, &slot);
         let poller = thread::spawn(move || {
             let binding = qpw.bind_current(cpu).unwrap();
             migrate_to(Some(elsewhere));
@@ -310,6 +327,56 @@ fn poll_from_elsewhere() {
         owner.join().unwrap();
         poller.join().unwrap();
         assert_eq!(*slot.lock(cpu).unwrap(), 2, "{CONSERVATION}");
+    });
+}
+
+/// Two threads bound to the owner's CPU each poll once while a requester of another CPU takes
+/// the lock twice (two calls): one poller can read the first call and be preempted before it
+/// publishes while the other reads and publishes the second. The answer must not move
+/// backwards (the mock checks every store to the answer cell,
+/// `rseq::mock::ANSWER_WENT_BACK`).
+fn two_answerers() {
+    loom::model(|| {
+        let (qpw, cpu, slot, phys) = fenced_slot();
+        let pollers: Vec<_> = (0..2)
+            .map(|_| {
+                let qpw = qpw.clone();
+                thread::spawn(move || {
+                    let binding = qpw.bind_current(cpu).unwrap();
+                    count_poll(binding.poll());
+                })
+            })
+            .collect();
+        migrate_to(Some(phys + 1));
+        *slot.lock(cpu).unwrap() += 1;
+        *slot.lock(cpu).unwrap() += 1;
+        for poller in pollers {
+            poller.join().unwrap();
+        }
+        assert_eq!(*slot.lock(cpu).unwrap(), 2, "{CONSERVATION}");
+    });
+}
+
+/// A thread bound to the owner's CPU polls once and migrates to another CPU at `point` of its
+/// answer, while the owner (a second thread bound there) takes its lock once and a requester
+/// of another CPU takes it twice (so that a call can be pending when the poll starts, and a
+/// second one can be made while it is in flight).
+fn poller_migrating_at(point: AnswerPoint) {
+    loom::model(move || {
+        let (qpw, cpu, slot, phys) = fenced_slot();
+        let elsewhere = phys + 1;
+        let owner = spawn_owner(&qpw, cpu, &slot);
+        let poller = thread::spawn(move || {
+            let binding = qpw.bind_current(cpu).unwrap();
+            migrate_at(point, elsewhere);
+            count_poll(binding.poll());
+        });
+        migrate_to(Some(elsewhere));
+        *slot.lock(cpu).unwrap() += 1;
+        *slot.lock(cpu).unwrap() += 1;
+        owner.join().unwrap();
+        poller.join().unwrap();
+        assert_eq!(*slot.lock(cpu).unwrap(), 3, "{CONSERVATION}");
     });
 }
 
@@ -502,4 +569,98 @@ fn loom_fenced_polled_answers_carry_the_epoch() {
 #[test]
 fn loom_fenced_poll_from_elsewhere_needs_the_fence() {
     assert_caught(Mutation::SkipFence, poll_from_elsewhere);
+}
+
+// The answer counters (issue 44): their edges, two answerers of one CPU, and a poll that
+// migrates in the middle of its answer.
+
+/// The owner's CPU as if its last 2^31 calls had gone unanswered (the answer 0, the call
+/// counter at 2^31): the requester's call is 2^31 + 1, which the answer has not reached.
+#[test]
+fn loom_fenced_owner_vs_requester_2_pow_31_calls_unanswered() {
+    with_counters_at(1 << 31, 0, owner_vs_requester);
+}
+
+/// The 32-bit comparison across the wrap reads that old answer as newer than the call: the
+/// requester skips the fence while the owner's sequence is in flight.
+#[test]
+fn loom_fenced_answers_are_compared_without_a_wrap() {
+    assert_caught(Mutation::WrappingCompare32, || {
+        with_counters_at(1 << 31, 0, owner_vs_requester)
+    });
+}
+
+/// The call counter one short of its end, every call answered: the requesters' calls reach
+/// the end, where the counter stops and every requester fences.
+#[test]
+fn loom_fenced_owner_and_requester_at_the_counters_end() {
+    with_counters_at(u64::MAX - 1, u64::MAX - 1, owner_and_requester_twice);
+}
+
+/// At the end, an answer that read the end is as old as the first call to reach it: taken as
+/// an answer to a later call there, it settles a flag no sequence has seen.
+#[test]
+fn loom_fenced_no_answer_reaches_a_call_at_the_counters_end() {
+    assert_caught(Mutation::AnswerAtTheCountersEnd, || {
+        with_counters_at(u64::MAX, u64::MAX, owner_vs_requester)
+    });
+}
+
+#[test]
+fn loom_fenced_two_answerers_of_one_cpu() {
+    POLLS.with(|p| p.set((0, 0)));
+    two_answerers();
+    let (answered, _) = POLLS.with(Cell::get);
+    assert!(answered > 0, "no poll answered");
+}
+
+/// Stored as read, a preempted answerer's older answer lands over a newer one.
+#[test]
+fn loom_fenced_answers_never_move_backwards() {
+    let mutation = Mutation::AnswerMayGoBack;
+    loom_common::assert_loom_catches(&mutation, Failure::AnswerWentBack, || {
+        with_mutation(mutation, two_answerers)
+    });
+}
+
+/// Runs the migrating poller's model with the poll's migration at `point`, and returns how
+/// many of its executions' polls answered and how many found they could not.
+fn polls_of_poller_migrating_at(point: AnswerPoint) -> (usize, usize) {
+    POLLS.with(|p| p.set((0, 0)));
+    poller_migrating_at(point);
+    POLLS.with(Cell::get)
+}
+
+/// Migrated before its sequence, the poll finds itself on the wrong CPU and does not answer.
+#[test]
+fn loom_fenced_poller_migrating_before_its_sequence() {
+    let (answered, elsewhere) = polls_of_poller_migrating_at(AnswerPoint::BeforeTheSequence);
+    assert_eq!(answered, 0, "a poll answered from the CPU it migrated to");
+    assert!(elsewhere > 0, "no poll found a call to answer");
+}
+
+/// Migrated between its sequence's CPU check and its load, the poll's sequence is aborted (as
+/// the kernel aborts a migrated thread's), and the retry finds the wrong CPU: no answer. (A
+/// mock that did not abort on migration would let these polls answer.)
+#[test]
+fn loom_fenced_poller_migrating_in_its_sequence() {
+    let (answered, elsewhere) = polls_of_poller_migrating_at(AnswerPoint::InTheSequence);
+    assert_eq!(answered, 0, "an aborted read of the call was published");
+    assert!(elsewhere > 0, "no poll found a call to answer");
+}
+
+/// Migrated after its sequence read the call, the poll's answer stands: the read was made on
+/// the CPU.
+#[test]
+fn loom_fenced_poller_migrating_before_its_publish() {
+    let (answered, _) = polls_of_poller_migrating_at(AnswerPoint::BeforeThePublish);
+    assert!(answered > 0, "no poll answered");
+}
+
+/// A poll that decided to answer and then migrated must not answer from its new CPU.
+#[test]
+fn loom_fenced_poller_migrating_before_its_sequence_answers_only_on_its_cpu() {
+    assert_caught(Mutation::AckFromAnyThread, || {
+        poller_migrating_at(AnswerPoint::BeforeTheSequence)
+    });
 }

@@ -73,7 +73,10 @@
 //! check after the answer sees it (the flag, with its epoch, never comes back once
 //! overwritten); one in flight belongs to a thread that was not running, so it was preempted
 //! and will abort; and later ones load the flag or a newer value. The answer must be compared
-//! with our call, or an answer to an earlier call would settle a flag no sequence has seen;
+//! with our call, or an answer to an earlier call would settle a flag no sequence has seen
+//! (the call and answer counters are 64-bit, the call counter stops at its end and the answer
+//! only moves forward, so that no number of calls can make an old answer pass for a new one;
+//! `rseq_lock/answer.rs`, "Counters that cannot wrap");
 //! and it must come from a sequence of the lock's CPU, or it would prove nothing about that
 //! CPU's sequences in flight ([`RseqLock`]'s module docs give the whole argument, in
 //! `rseq_lock/answer.rs` for the answer, and in `rseq_lock/wait.rs` the waiter handshake,
@@ -138,6 +141,24 @@
 //! any CPU. [`FencedLock::kind`] and [`rseq::status`](crate::rseq::status) report which.
 
 use std::fmt;
+
+/// Hooks for tests of the fenced protocol (the `test-hooks` feature; never enable it in a
+/// program): they put a CPU's answer counters where a real run would take days or years to
+/// bring them, so that a test can check the protocol there.
+#[cfg(all(feature = "test-hooks", not(loom)))]
+pub mod test_hooks {
+    /// Sets CPU `cpu`'s call counter to `call` and its newest answer to `answer`, as if `call`
+    /// calls had been made and a sequence of the CPU had last answered `answer`. Only while no
+    /// thread takes that CPU's locks or polls it. `false` for a CPU past the table.
+    pub fn set_counters(cpu: usize, call: u64, answer: u64) -> bool {
+        crate::rseq_lock::set_beacon(cpu, call, answer)
+    }
+
+    /// CPU `cpu`'s call counter and newest answer.
+    pub fn counters(cpu: usize) -> Option<(u64, u64)> {
+        crate::rseq_lock::beacon_counters(cpu)
+    }
+}
 
 pub use crate::rseq_lock::{acks, fence_counts, set_acks, FenceCounts, Polled};
 use crate::{LocalAttempt, LocalLockKind, RawLocalLock, RawRemoteLock, RseqLock};

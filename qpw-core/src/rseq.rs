@@ -420,6 +420,85 @@ pub mod mock {
         /// sequence there that loaded the waiter count before the waiter registered commits
         /// `FREE` and wakes nobody.
         SkipWaiterFence,
+        /// The answer compared with the call as the 32-bit counters once were, across their
+        /// wrap (`answer - call` as an `i32`, on the low 32 bits): an answer left 2^31 or more
+        /// calls behind reads as newer than the call (issue 44).
+        WrappingCompare32,
+        /// A call at the counter's end ([`u64::MAX`], where it stops) taken as answered by
+        /// an answer there, which may be as old as the first call to reach the end.
+        AnswerAtTheCountersEnd,
+        /// The answer stored as read, over whatever is there: a thread preempted between its
+        /// read of the call and its store puts an older answer over a newer one.
+        AnswerMayGoBack,
+    }
+
+    /// What the model's check of the answer cell says when an answer moves backwards.
+    pub const ANSWER_WENT_BACK: &str = "the CPU's answer moved backwards";
+
+    /// Every store to a CPU's answer cell, seen by the models: the cell held `before` and now
+    /// holds `after`. Panics, with [`ANSWER_WENT_BACK`], when `after < before`.
+    pub(crate) fn saw_answers(before: u64, after: u64) {
+        assert!(after >= before, "{ANSWER_WENT_BACK}: {before} then {after}");
+    }
+
+    std::thread_local! {
+        // Where the calling test's models start every mock CPU's call and answer counters (a
+        // std thread-local, as `MUTATION` is).
+        static COUNTERS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+    }
+
+    /// Runs `f` (a whole `loom::model`) with every mock CPU's call counter starting at `call`
+    /// and its answer at `answer`, as if that many calls had been made and that one last
+    /// answered; then starts them at 0 again, also when `f` panics.
+    pub fn with_counters_at<R>(call: u64, answer: u64, f: impl FnOnce() -> R) -> R {
+        struct Restore;
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                COUNTERS.with(|c| c.set((0, 0)));
+            }
+        }
+        COUNTERS.with(|c| c.set((call, answer)));
+        let _restore = Restore;
+        f()
+    }
+
+    /// Where mock CPUs' counters start (see [`with_counters_at`]).
+    pub(crate) fn counters_at() -> (u64, u64) {
+        COUNTERS.with(Cell::get)
+    }
+
+    /// A point on the answer's path where a model can migrate the answering thread
+    /// ([`migrate_at`]).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum AnswerPoint {
+        /// After a poll saw a call, before the sequence that reads it.
+        BeforeTheSequence,
+        /// Inside the sequence, after its CPU check and before its load of the call.
+        InTheSequence,
+        /// After the sequence read the call, before the thread publishes it.
+        BeforeThePublish,
+    }
+
+    thread_local! {
+        #[allow(clippy::missing_const_for_thread_local)]
+        static MIGRATE_AT: Cell<Option<(AnswerPoint, usize)>> = Cell::new(None);
+    }
+
+    /// Makes the calling model thread migrate to `cpu` when its next answer reaches `point`:
+    /// a migration in the middle of an answer, which [`migrate_to`] between operations cannot
+    /// place.
+    pub fn migrate_at(point: AnswerPoint, cpu: usize) {
+        MIGRATE_AT.with(|m| m.set(Some((point, cpu))));
+    }
+
+    /// The answer's path has reached `point`: migrate there if [`migrate_at`] asked for it.
+    pub(crate) fn answer_point(point: AnswerPoint) {
+        if let Some((at, cpu)) = MIGRATE_AT.with(Cell::get) {
+            if at == point {
+                MIGRATE_AT.with(|m| m.set(None));
+                migrate_to(Some(cpu));
+            }
+        }
     }
 
     std::thread_local! {
@@ -481,8 +560,10 @@ pub mod mock {
     }
 
     /// Moves the calling model thread to `cpu` (a migration: what the next restartable
-    /// sequence checks against).
+    /// sequence checks against). A sequence of the thread's in flight is aborted, as the
+    /// kernel aborts one whose thread is migrated.
     pub fn migrate_to(cpu: Option<usize>) {
+        crate::rseq_lock::mock_migrated();
         CPU.with(|c| c.set(cpu));
     }
 

@@ -19,6 +19,9 @@ pub(crate) enum Failure {
     TwoHolders,
     /// A lost wake: every thread asleep, which loom reports as a deadlock.
     LostWake,
+    /// A CPU's answer moved backwards (the mock's check of the answer cell).
+    #[allow(dead_code)]
+    AnswerWentBack,
 }
 
 /// Runs `broken`, a loom model with one step of a protocol left out (`what` names it), and
@@ -37,11 +40,13 @@ pub(crate) fn assert_loom_catches(
         .map(String::as_str)
         .or_else(|| failure.downcast_ref::<&str>().copied())
         .unwrap_or_default();
+    eprintln!("CAUGHT: {message}");
     let matches = match expected {
         Failure::TwoHolders => {
             message.contains("Causality violation") || message.contains(LOOM_CONSERVATION)
         }
         Failure::LostWake => message.contains("deadlock"),
+        Failure::AnswerWentBack => message.contains(qpw_core::rseq::mock::ANSWER_WENT_BACK),
     };
     assert!(
         matches,

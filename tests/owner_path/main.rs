@@ -9,7 +9,7 @@
 //!   mode) have **no atomic read-modify-write** (no `lock`-prefixed instruction, no `xchg`
 //!   with memory), and remote mode's (`FairLock`, through the same default lock) exactly two,
 //!   its compare-and-swap pair;
-//! - no path is longer than its budget: its count after issue 31 plus a margin of two.
+//! - no path is longer than its budget: its count after issue 44 plus a margin of two.
 //!
 //! # The counting rule
 //!
@@ -81,8 +81,11 @@ mod count {
     struct Case {
         name: &'static str,
         symbol: &'static str,
-        /// The most instructions the path may take: its count after issue 31's release check
-        /// (rustc 1.95.0; lock_local's paths got shorter by 2-3 there), plus two.
+        /// The most instructions the path may take: its count after issue 44's 64-bit answer
+        /// counters (rustc 1.95.0), plus two. Issue 44 changed no instruction of the owner's
+        /// protocol; the code around it moved with register allocation (`lock_local`: +4 and
+        /// +2, a callee-saved register pushed and popped for a function pointer hoisted out of
+        /// the release loop; `BoundSlot::lock`: +1 and -1; docs/results.md 6e).
         budget: usize,
         /// How many atomic read-modify-writes it must have.
         locked: usize,
@@ -91,31 +94,31 @@ mod count {
     const FENCED_BOUND_SLOT: Case = Case {
         name: "fenced, BoundSlot::lock + release",
         symbol: "qpw_probe_bound_slot",
-        budget: 53 + 2,
+        budget: 54 + 2,
         locked: 0,
     };
     const FENCED_LOCK_LOCAL: Case = Case {
         name: "fenced, lock_local + release",
         symbol: "qpw_probe_lock_local",
-        budget: 84 + 2,
+        budget: 88 + 2,
         locked: 0,
     };
     const REMOTE_BOUND_SLOT: Case = Case {
         name: "remote (FairLock), BoundSlot::lock + release",
         symbol: "qpw_probe_bound_slot",
-        budget: 27 + 2,
+        budget: 26 + 2,
         locked: 2,
     };
     const REMOTE_LOCK_LOCAL: Case = Case {
         name: "remote (FairLock), lock_local + release",
         symbol: "qpw_probe_lock_local",
-        budget: 58 + 2,
+        budget: 60 + 2,
         locked: 2,
     };
     const RSEQ_LOCK_LOCAL: Case = Case {
         name: "queue, RseqLock named, lock_local + release",
         symbol: "qpw_probe_rseq_lock_local",
-        budget: 79 + 2,
+        budget: 83 + 2,
         locked: 0,
     };
 

@@ -32,18 +32,24 @@
 //! passes on the caller's `CAS` only as the interrupt landing between two of the owner's
 //! instructions would. The commit's store is an ignored-result `swap` rather than a `store`, to
 //! step round loom 0.7 letting a plain store slip between the read and the write of a
-//! concurrent `CAS` (tokio-rs/loom#254); a thread's CPU is `rseq::mock::migrate_to`; `futex`
+//! concurrent `CAS` (tokio-rs/loom#254); a thread's CPU is `rseq::mock::migrate_to`, which
+//! aborts the thread's own sequence in flight, as the kernel aborts a migrated thread's (and
+//! `rseq::mock::migrate_at` places a migration inside an answer); `futex`
 //! is a loom condition variable checked under its mutex (the bucket lock), whose wake wakes
 //! one waiter, as `FUTEX_WAKE` with 1 does; the slow paths' full barriers are `SeqCst` fences
 //! (loom models those, not the ordering of `SeqCst` accesses); a requester's wait for an
 //! answer is one more look, which loom may place anywhere; and a waiter does not spin before
 //! sleeping (`SPINS` says why). `rseq::mock::with_mutation` leaves out one step at a time (the
 //! requester's fence or its check, the answer's CPU or epoch, the side mutex, the waiter's
-//! fence), so that the models can show they catch each loss.
+//! fence, the answer counters' comparison and monotony), so that the models can show they
+//! catch each loss; `rseq::mock::with_counters_at` starts every CPU's answer counters where a
+//! model asks (near their edges).
 
 use std::cell::RefCell;
 
-use crate::sync::{lazy_static, AtomicU32, Condvar, Mutex, Ordering};
+use std::cell::Cell;
+
+use crate::sync::{lazy_static, thread_local, AtomicU32, Condvar, Mutex, Ordering};
 
 /// How many CPUs one model may use: its locks' CPUs (two, `0` and `1`, or the physical CPU a
 /// `Qpw` instance runs its CPU on) and the "no CPU" of `RseqLock::new`.
@@ -79,9 +85,10 @@ pub(crate) struct Cpu {
 
 impl Cpu {
     fn new() -> Self {
+        let (call, answer) = crate::rseq::mock::counters_at();
         Self {
             interrupts: Mutex::new(0),
-            beacon: super::answer::Beacon::new(),
+            beacon: super::answer::Beacon::new(call, answer),
         }
     }
 
@@ -112,7 +119,21 @@ impl Cpu {
     pub(super) fn start(&self) -> u64 {
         let mut interrupts = self.interrupts.lock().unwrap();
         *interrupts += 1;
-        *interrupts
+        let started = *interrupts;
+        drop(interrupts);
+        let me: &'static Cpu = self.static_ref();
+        IN_FLIGHT.with(|f| f.set(Some((me, started))));
+        started
+    }
+
+    /// This CPU as the table holds it (every `Cpu` lives in the execution's table).
+    fn static_ref(&self) -> &'static Cpu {
+        let table: &'static Cpus = &CPUS;
+        table
+            .cpus
+            .iter()
+            .find(|c| std::ptr::eq(*c, self))
+            .expect("a mock CPU outside the table")
     }
 
     /// The sequence's last instruction: stores `value` to `word` unless the sequence
@@ -158,6 +179,26 @@ impl Cpu {
     /// synchronised with the caller both ways (the caller waits for it).
     pub(super) fn fence(&self) {
         *self.interrupts.lock().unwrap() += 1;
+    }
+}
+
+thread_local! {
+    /// The calling model thread's last sequence: its CPU and its mark, so that a migration in
+    /// the middle of it aborts it ([`migrated`]).
+    #[allow(clippy::missing_const_for_thread_local)]
+    static IN_FLIGHT: Cell<Option<(&'static Cpu, u64)>> = Cell::new(None);
+}
+
+/// The calling model thread is migrating (`rseq::mock::migrate_to`): as the kernel does for a
+/// thread preempted or migrated inside a restartable sequence, its sequence in flight is
+/// aborted (it will not commit, and a load in it does not count as made on its CPU). Only that
+/// one: the CPU's count moves only if no other sequence has started there since this thread's.
+pub(crate) fn migrated() {
+    if let Some((cpu, started)) = IN_FLIGHT.with(|f| f.take()) {
+        let mut interrupts = cpu.interrupts.lock().unwrap();
+        if *interrupts == started {
+            *interrupts += 1;
+        }
     }
 }
 

@@ -140,7 +140,7 @@ impl RseqLock {
     /// CPU answered the call, or a sequence committed over the flag (the requester then lost,
     /// and will wait for that holder).
     #[inline]
-    fn answered(&self, flag: u32, call: u32) -> bool {
+    fn answered(&self, flag: u32, call: u64) -> bool {
         if self.word.load(Ordering::Relaxed) != flag {
             return true;
         }
@@ -151,9 +151,8 @@ impl RseqLock {
     }
 
     /// Calls the CPU, after the flags: `raise` the flags first, then `call` once.
-    fn call(&self) -> u32 {
-        self.beacon()
-            .map_or(0, |b| b.call.fetch_add(1, Ordering::AcqRel).wrapping_add(1))
+    fn call(&self) -> u64 {
+        self.beacon().map_or(0, Beacon::make_call)
     }
 
     /// Takes the side mutex (under loom a model may leave it out: `Mutation::NoSideMutex`).
@@ -220,7 +219,7 @@ impl RseqLock {
 
     /// Waits up to the budget for the answer to `flag`. Returns whether it waited at all
     /// (for the budget's adaptation in `settle`).
-    fn wait_for_answer(&self, flag: u32, call: u32) -> bool {
+    fn wait_for_answer(&self, flag: u32, call: u64) -> bool {
         let budget = self.budget();
         if budget == 0 || self.answered(flag, call) {
             return false;
@@ -242,7 +241,7 @@ impl RseqLock {
     ///
     /// When the fence fails (`membarrier` returned an error): the lock cannot be taken
     /// safely, so the flag is backed out first, and nothing is held.
-    fn settle(&self, flag: u32, call: u32, waited: bool) -> bool {
+    fn settle(&self, flag: u32, call: u64, waited: bool) -> bool {
         let answered = self.answered(flag, call);
         if !answered && self.cpu < FALLBACK_CPU {
             if let Err(e) = self.requester_fence() {
@@ -263,7 +262,7 @@ impl RseqLock {
             }
         }
         if held {
-            self.flag_call.store(call, Ordering::Relaxed);
+            self.set_flag_call(call);
         }
         if !held {
             count(OVERTAKEN);
@@ -356,7 +355,7 @@ fn fence_failed(cpu: u32, error: &std::io::Error) -> ! {
 pub(crate) fn take_flags(locks: &[Option<&RseqLock>]) -> Vec<bool> {
     // 1. Raise: a sequence where we run on the lock's CPU, a flag elsewhere.
     let mut held = vec![false; locks.len()];
-    let mut raised: Vec<(usize, u32, u32)> = Vec::new();
+    let mut raised: Vec<(usize, u32, u64)> = Vec::new();
     for (i, lock) in locks.iter().enumerate() {
         let Some(lock) = lock else { continue };
         if lock.fallback() {

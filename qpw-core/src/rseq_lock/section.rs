@@ -40,7 +40,7 @@ pub(super) enum Section {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Read {
     /// Read on the lock's CPU, with the thread there from the CPU check to the load.
-    Seen(u32),
+    Seen(u64),
     /// The thread does not run on the lock's CPU.
     WrongCpu,
     /// The kernel aborted the sequence: try again.
@@ -290,12 +290,12 @@ impl CpuBeacon {
             return Read::WrongCpu;
         };
         let outcome: u32;
-        let seen: u32;
+        let seen: u64;
         // SAFETY: as in `RseqLock::section`, points (1), (2), (3) and (5), for a third
         // descriptor (a poller's `cpu` is a physical CPU or `FALLBACK_CPU`, as a lock's is, so
         // no `cpu_id` of a thread without a registration equals it either); (4) `cell` is a
-        // live `AtomicU32` (a beacon's, in a static), read with a single-copy-atomic 4-byte
-        // `mov`; the sequence stores nothing but `rseq_cs`. Its critical section ends right
+        // live `AtomicU64` (a beacon's, in a static, so 8-byte aligned), read with a
+        // single-copy-atomic 8-byte `mov`; the sequence stores nothing but `rseq_cs`. Its critical section ends right
         // after the load, so an abort can only come between the CPU check and the load.
         unsafe {
             std::arch::asm!(
@@ -311,7 +311,7 @@ impl CpuBeacon {
                 "4:",
                 "cmp dword ptr [{area} + 4], {cpu:e}",
                 "jne 7f",
-                "mov {seen:e}, dword ptr [{cell}]",
+                "mov {seen}, qword ptr [{cell}]",
                 "5:",
                 ".pushsection __rseq_failure, \"ax\"",
                 "7:",
@@ -355,6 +355,7 @@ impl CpuBeacon {
             return Read::WrongCpu;
         }
         let started = self.mock.start();
+        crate::rseq::mock::answer_point(crate::rseq::mock::AnswerPoint::InTheSequence);
         let seen = self.beacon.call.load(Ordering::Acquire);
         if self.mock.unaborted(started) {
             Read::Seen(seen)

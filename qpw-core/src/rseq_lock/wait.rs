@@ -210,10 +210,7 @@ impl RseqLock {
     pub(super) fn unlock_slow(&self) {
         let word = self.word.load(Ordering::Relaxed);
         if let (true, Some(beacon)) = (is_flag(word), self.beacon()) {
-            if Beacon::reached(
-                beacon.answer.load(Ordering::Relaxed),
-                self.flag_call.load(Ordering::Relaxed),
-            ) {
+            if Beacon::reached(beacon.answer.load(Ordering::Relaxed), self.flag_call()) {
                 // A requester releases its flag, and an answer came while it held the lock:
                 // the owner is busy on it, so the next requester should wait for answers.
                 beacon.budget.store(ACK_BUDGET_NS, Ordering::Relaxed);
