@@ -804,10 +804,19 @@ impl LiveLines {
         }
     }
 
+    /// Draws the lines on standard output; a failed write stops the run (see [`crate::out`]).
     fn draw(&mut self, live: &[Arc<Live>], last: bool) {
-        let mut out = std::io::stdout().lock();
+        let mut out = Vec::new();
+        self.render(live, last, &mut out);
+        if !out.is_empty() {
+            let mut stdout = std::io::stdout().lock();
+            crate::out::check_stdout(stdout.write_all(&out).and_then(|()| stdout.flush()));
+        }
+    }
+
+    fn render(&mut self, live: &[Arc<Live>], last: bool, out: &mut Vec<u8>) {
         if let Some(v) = &mut self.verbose {
-            v.print(live, &mut out);
+            v.print(live, out);
             return;
         }
         if self.quiet {
@@ -831,7 +840,6 @@ impl LiveLines {
         for (i, l) in live.iter().enumerate() {
             let _ = writeln!(out, "{}", l.status_line(i, &self.specs[i], self.nsecs));
         }
-        let _ = out.flush();
         self.drawn = true;
     }
 }

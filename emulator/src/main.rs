@@ -4,13 +4,17 @@ use clap::Parser;
 
 fn main() {
     // A run killed while it isolated a CPU left this process's parent, and so this process,
-    // on the housekeeping CPUs: undo that before anything reads the allowed CPUs.
+    // on the housekeeping CPUs: undo that before anything reads the allowed CPUs. And a run
+    // killed while it had RT throttling off left it off for the whole machine: put it back.
     // SAFETY: `geteuid` has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         let mine = || qpw_emulator::isolate::get_affinity(0).ok();
         let before = mine();
         for l in qpw_emulator::isolate::recover_stale() {
             eprintln!("qpw-emu: isolation: {l}");
+        }
+        for l in qpw_emulator::throttling::recover_stale() {
+            eprintln!("qpw-emu: {l}");
         }
         // Our own affinity was put back too, but the allowed CPUs were read before `main`
         // (qpw-core's start-up capture): start again, once, to read them afresh.

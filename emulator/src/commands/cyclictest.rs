@@ -387,7 +387,15 @@ pub fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
                     .with_context(|| format!("--histfile {}: cannot create", path.display()))?;
                 cyclictest::write_histogram(&mut f, &run, h, histofall)?;
             }
-            None => cyclictest::write_histogram(&mut std::io::stdout().lock(), &run, h, histofall)?,
+            None => {
+                // A standard output that is gone stops the run as Ctrl-C does (crate::out).
+                crate::out::check_stdout(cyclictest::write_histogram(
+                    &mut std::io::stdout().lock(),
+                    &run,
+                    h,
+                    histofall,
+                ));
+            }
         }
     }
     if breaktrace.is_some() {
@@ -415,7 +423,7 @@ pub fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     if run.interrupted {
         eprintln!("# qpw-emu: {}", crate::signals::stopped_by());
     }
-    let _ = std::io::stdout().flush();
+    crate::out::check_stdout(std::io::stdout().flush());
     Ok(())
 }
 
