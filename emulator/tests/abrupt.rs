@@ -249,3 +249,117 @@ fn a_run_killed_with_throttling_off_has_it_put_back_by_the_next() {
     );
     assert_eq!(leftovers(pid), Vec::<String>::new());
 }
+
+/// The threads of process `pid` whose names start with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .count()
+}
+
+/// `-D` ends a run whose last thread sleeps 200 s between wake-ups (`-t 20 -d 10000000`):
+/// the threads asleep are woken, as cyclictest 2.4 wakes them; before, the run ended only when
+/// the longest sleep did (a hang, for the watchdog).
+#[test]
+fn cyclictest_ends_at_its_duration_whatever_the_intervals() {
+    let mut child = emu()
+        .args([
+            "cyclictest",
+            "-q",
+            "-D",
+            "500ms",
+            "-t",
+            "20",
+            "-d",
+            "10000000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait_bounded(&mut child, "cyclictest -D 500ms -t 20 -d 10000000");
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(status.code(), Some(0), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("T:")).count(), 20);
+}
+
+/// Ctrl-C ends such a run too, at once, however long its threads' sleeps.
+#[test]
+fn cyclictest_ends_at_ctrl_c_whatever_the_intervals() {
+    let mut child = emu()
+        .args(["cyclictest", "-q", "-t", "20", "-d", "10000000"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    wait_until(&mut child, "the 20 threads", || {
+        threads_named(pid, "cyclictest/") == 20
+    });
+    signal(&child, libc::SIGINT);
+    let status = wait_bounded(&mut child, "cyclictest -t 20 -d 10000000 after SIGINT");
+    let stderr = stderr_of(&mut child);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("interrupted (SIGINT)"), "{stderr}");
+}
+
+/// A signal while thousands of threads start stops the start-up (before, `-t 4096` took
+/// SIGTERM only once all had started, 45 s on a 2-CPU machine).
+#[test]
+fn a_signal_during_the_set_up_of_many_threads_stops_it() {
+    // One wake-up a second: the threads that started do not load the machine.
+    let mut child = emu()
+        .args([
+            "cyclictest",
+            "-q",
+            "-D",
+            "60",
+            "-t",
+            "4096",
+            "-i",
+            "1000000",
+            "-d",
+            "0",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    wait_until(&mut child, "64 threads started", || {
+        threads_named(pid, "cyclictest/") >= 64
+    });
+    signal(&child, libc::SIGTERM);
+    let status = wait_bounded(&mut child, "cyclictest -t 4096 after SIGTERM");
+    let stderr = stderr_of(&mut child);
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("interrupted (SIGTERM)"), "{stderr}");
+}
+
+/// A path that is not UTF-8 is a path (issue 45 point 2): the run writes its JSON there, and
+/// the command line in it escapes the byte, where the JSON writer panicked after the run.
+#[test]
+fn an_output_path_that_is_not_utf8_is_written() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join(std::ffi::OsStr::from_bytes(b"x\xff.json"));
+    let out = emu()
+        .args(["oslat", "-q", "-D", "200ms", "-c", "0", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let v = read_json(&json);
+    assert!(
+        v["cmdline:"].as_str().unwrap().ends_with("x\\xff.json"),
+        "{}",
+        v["cmdline:"]
+    );
+}
