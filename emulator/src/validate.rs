@@ -134,6 +134,54 @@ pub fn output_file(flag: &str, path: &std::path::Path) -> Result<()> {
             path.display()
         ));
     }
+    writable(flag, path)
+}
+
+/// Opens `path` for writing now, so that an output that cannot be written (`/proc/x`, a
+/// read-only file, `/dev/full`) is refused before the run instead of losing its results after
+/// it: an existing file is opened (not truncated) and written zero bytes (a device that refuses
+/// every write refuses that too); a missing one is created, then removed again. A named pipe or
+/// a socket is taken as it is (its reader may come later).
+fn writable(flag: &str, path: &std::path::Path) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let refused = |e: std::io::Error| anyhow!("{flag} {}: cannot be written: {e}", path.display());
+    if let Ok(meta) = std::fs::metadata(path) {
+        let kind = meta.file_type();
+        if kind.is_fifo() || kind.is_socket() {
+            return Ok(());
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(refused)?;
+        return f.write(&[]).map(drop).map_err(refused);
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| anyhow!("{flag} {}: cannot be created: {e}", path.display()))?;
+    let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+/// A folder for output files (`--out`): made if missing, and refused up front, naming `flag`,
+/// when it is a file or cannot be written in.
+pub fn output_dir(flag: &str, dir: &std::path::Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(anyhow!(
+            "{flag} {}: not a directory (it is a file): give a folder, which is made if missing",
+            dir.display()
+        ));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow!("{flag} {}: cannot create the folder: {e}", dir.display()))?;
+    let probe = dir.join(format!(".qpw-emu-write-test-{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .map_err(|e| anyhow!("{flag} {}: cannot write in the folder: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(probe);
     Ok(())
 }
 

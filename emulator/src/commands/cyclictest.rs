@@ -160,8 +160,18 @@ pub fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
             bail!("--workload {w}: oslat's busy-loop workloads belong to `qpw-emu oslat`");
         }
     }
-    for path in [&args.json, &args.histfile].into_iter().flatten() {
-        validate::output_file("--json/--histfile", path)?;
+    for (flag, path) in [("--json", &args.json), ("--histfile", &args.histfile)] {
+        if let Some(path) = path {
+            validate::output_file(flag, path)?;
+        }
+    }
+    if let Some(path) = &args.fifo {
+        if path.is_dir() {
+            bail!(
+                "-F/--fifo {}: is a directory: give the path of the named pipe to create",
+                path.display()
+            );
+        }
     }
     let trace_us = args
         .trace

@@ -24,9 +24,43 @@ enum Loaded {
     Summary,
 }
 
+/// The largest file `report` reads: 64 MiB, far above what a run writes (a cyclictest file of
+/// `-h 1000000` with every bucket filled on a few threads is tens of MB), so that a wrong
+/// argument (`/dev/urandom`, a huge log) is refused rather than read into memory.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads `path`, when it is a regular file of at most [`MAX_FILE_BYTES`].
+fn read_limited(path: &Path) -> Result<String> {
+    use std::io::Read as _;
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.is_file() {
+        return Err(anyhow!(
+            "{}: not a regular file (a directory, device, pipe or socket): give a JSON file",
+            path.display()
+        ));
+    }
+    let too_big = |n: u64| {
+        anyhow!(
+            "{}: {n} bytes, more than the {MAX_FILE_BYTES} bytes (64 MiB) report reads",
+            path.display()
+        )
+    };
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_string(&mut text))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_big(text.len() as u64));
+    }
+    Ok(text)
+}
+
 fn load(path: &Path) -> Result<Loaded> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = read_limited(path)?;
     let value: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
     if value.get("tool").and_then(|t| t.as_str()) == Some("qpw-emu run") {
@@ -187,6 +221,9 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
         .as_deref()
         .map(|t| crate::validate::float_in("--threshold", t, 0.001, 1e7))
         .transpose()?;
+    if let Some(out) = &args.out {
+        crate::validate::output_dir("--out", out)?;
+    }
     // Every file read and checked before anything is printed.
     let mut files = Vec::new();
     let mut skipped = Vec::new();
@@ -273,7 +310,7 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or_else(|| PathBuf::from(".")),
     };
-    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    crate::validate::output_dir("--out", &out)?;
     let mut written = Vec::new();
     for (tool, list) in &series {
         if list.is_empty() {

@@ -292,8 +292,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Some(dir) => dir.clone(),
         None => PathBuf::from("results").join(rt::local_time("%Y%m%d-%H%M%S")),
     };
-    std::fs::create_dir_all(&out)
-        .with_context(|| format!("cannot create the results folder {}", out.display()))?;
+    validate::output_dir("--out", &out)?;
 
     let quiet = args.quiet;
     let start_time = rt::rt_timestamp();
