@@ -31,6 +31,10 @@ fn main() {
         }
     }
     let mut args = qpw_emulator::cli::args_for_invocation(std::env::args_os());
+    if let Err(e) = qpw_emulator::cli::refuse_long_args(&args) {
+        eprintln!("Error: {e}");
+        std::process::exit(1);
+    }
     let tool = args.get(1).and_then(|a| a.to_str()).map(str::to_string);
     // What cyclictest 2.4 reads from the command line's order, which clap does not see.
     let mut verbose_before_affinity = false;
@@ -52,7 +56,10 @@ fn main() {
             if let Some(code) = code {
                 std::process::exit(code);
             }
-            e.exit()
+            // Every refusal exits 1, as rt-tests' oslat does and our checks after parsing do
+            // (clap's own would be 2); --help and --version exit 0 (README, "exit status").
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() { 1 } else { 0 })
         }
     };
     if let Some(qpw_emulator::cli::Command::Cyclictest(a)) = cli.command.as_mut() {
