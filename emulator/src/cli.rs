@@ -385,10 +385,10 @@ pub struct CyclictestArgs {
     pub fifo: Option<PathBuf>,
     /// Print a histogram of this many 1 us buckets after the run, 1-1000000 (larger values
     /// are cut to 1000000, as cyclictest does).
-    #[arg(short = 'h', long, value_name = "TIME", value_parser = int_range(1, u32::MAX as u64))]
+    #[arg(short = 'h', long, value_name = "TIME", value_parser = hist_size)]
     pub histogram: Option<u64>,
     /// As -h, with a summary column over all threads.
-    #[arg(short = 'H', long, value_name = "TIME", value_parser = int_range(1, u32::MAX as u64))]
+    #[arg(short = 'H', long, value_name = "TIME", value_parser = hist_size)]
     pub histofall: Option<u64>,
     /// Write the histogram to this file instead of stdout.
     #[arg(long, value_name = "PATH")]
@@ -519,6 +519,19 @@ pub fn int_range(lo: u64, hi: u64) -> impl Fn(&str) -> Result<u64, String> + Clo
     }
 }
 
+/// A value parser for cyclictest's `-h`/`-H`: 1-1000000, as its help says; larger values (up
+/// to 2^32 - 1, what 2.4 reads) are taken and cut to 1000000 by the command, as 2.4 cuts them.
+pub fn hist_size(raw: &str) -> Result<u64, String> {
+    match raw.trim().parse::<u64>() {
+        Ok(v) if (1..=u64::from(u32::MAX)).contains(&v) => Ok(v),
+        _ => Err(
+            "must be an integer in 1-1000000 (larger ones are cut to 1000000, as \
+                  cyclictest does)"
+                .to_string(),
+        ),
+    }
+}
+
 /// A value parser for a drop-in's `-D`, read as rt-tests reads it (see
 /// [`crate::validate::parse_rt_duration`]); when only the real tool's reading made sense of it,
 /// says on stderr how it was read.
@@ -553,9 +566,12 @@ fn getopt_required_argument(a: clap::Arg) -> clap::Arg {
 pub fn loop_workload(raw: &str) -> Result<String, String> {
     match raw {
         "no" | "memmove" => Ok(raw.to_string()),
-        _ => Err(format!(
-            "oslat's workloads are no and memmove (the drain workloads are --drain-workload {raw})"
+        // A drain workload given to oslat's flag: say where it goes.
+        _ if raw.parse::<crate::workload::WorkloadName>().is_ok() => Err(format!(
+            "oslat's workloads are no and memmove (the drain workloads are --drain-workload \
+             {raw})"
         )),
+        _ => Err("oslat's workloads are no and memmove".to_string()),
     }
 }
 
@@ -578,6 +594,26 @@ pub fn mem_size(raw: &str) -> Result<u64, String> {
     match n.checked_mul(mult) {
         Some(v) if (1..=1 << 30).contains(&v) => Ok(v),
         _ => Err(bad()),
+    }
+}
+
+/// The longest argument taken: a path's limit (`PATH_MAX`, 4096 bytes); no option takes more.
+pub const MAX_ARG_BYTES: usize = 4096;
+
+/// Refuses an argument longer than [`MAX_ARG_BYTES`], quoting only its start, so that a value
+/// pasted by mistake (100 kB) is neither parsed nor echoed whole by the messages that quote it.
+pub fn refuse_long_args(args: &[std::ffi::OsString]) -> Result<(), String> {
+    match args
+        .iter()
+        .enumerate()
+        .find(|(_, a)| a.len() > MAX_ARG_BYTES)
+    {
+        Some((i, a)) => Err(format!(
+            "argument {i} is {} bytes long ({}): no option takes more than {MAX_ARG_BYTES}",
+            a.len(),
+            crate::validate::quote(&a.to_string_lossy())
+        )),
+        None => Ok(()),
     }
 }
 
@@ -626,7 +662,8 @@ pub fn oslat_refusal(e: &clap::Error) -> Option<i32> {
         ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
             let arg = ctx(ContextKind::InvalidArg)?;
             let value = ctx(ContextKind::InvalidValue).unwrap_or_default();
-            if value.is_empty() {
+            // A value left out (getopt's line); an empty one given (`-D ''`) is a bad value.
+            if value.is_empty() && e.kind() == ErrorKind::InvalidValue {
                 let short = short_of("oslat", &arg)?;
                 eprintln!("oslat: option requires an argument -- '{short}'");
                 print!("{}", subcommand_help("oslat"));
@@ -680,9 +717,11 @@ pub fn cyclictest_refusal(e: &clap::Error) -> Option<i32> {
         }
         ErrorKind::InvalidValue | ErrorKind::ValueValidation => {
             let arg = ctx(ContextKind::InvalidArg)?;
+            // A value left out (getopt's line); an empty one given (`-D ''`) is a bad value.
             if ctx(ContextKind::InvalidValue)
                 .unwrap_or_default()
                 .is_empty()
+                && e.kind() == ErrorKind::InvalidValue
             {
                 match short_of("cyclictest", &arg) {
                     Some(c) => eprintln!("cyclictest: option requires an argument -- '{c}'"),

@@ -70,6 +70,28 @@ pub fn sleep_until_on(clock: libc::clockid_t, deadline_ns: u64) {
     }
 }
 
+/// Sleeps until `deadline_ns` on `clock` (`clock_nanosleep(TIMER_ABSTIME)`), resuming after
+/// signals unless `stop` is set: then returns `false` at once (woken to stop, see
+/// [`crate::cyclictest`]); `true` once the deadline has come.
+pub fn sleep_until_unless(
+    clock: libc::clockid_t,
+    deadline_ns: u64,
+    stop: &std::sync::atomic::AtomicBool,
+) -> bool {
+    let ts = timespec(deadline_ns);
+    loop {
+        // SAFETY: `ts` is a valid timespec; the remainder pointer may be null with TIMER_ABSTIME.
+        let rc =
+            unsafe { libc::clock_nanosleep(clock, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
+        if rc != libc::EINTR {
+            return true;
+        }
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
+            return false;
+        }
+    }
+}
+
 /// Sleeps for `ns` (relative): `clock_nanosleep(clock, 0, ...)`, or `nanosleep()` when
 /// `nanosleep` is set (cyclictest's `-r` and `-s`). A signal cuts the sleep short, as it does
 /// cyclictest's.

@@ -17,17 +17,24 @@
 //! The main thread reads each thread's live figures (atomics the thread updates after every
 //! wake-up) to redraw cyclictest's status lines, answer `-F` readers and print `-v` values.
 //!
+//! The run ends within a bounded time whatever the intervals (`-i 10000000` sleeps 10 s): at
+//! the end (`-D`, `-l`, `-b`, a signal) the main thread wakes every thread still asleep with
+//! [`WAKE`], as cyclictest 2.4 signals its threads, again every 10 ms until each has ended, and
+//! a thread woken so ends without counting the wake-up. `-D` is also timed by the main thread,
+//! so that a thread asleep past it is woken then; and a signal during the set-up of many
+//! threads (`-t 4096`) stops starting them.
+//!
 //! With a workload, each thread also does the workload's process-context operation on its CPU
 //! every so many wake-ups (our addition, as in the oslat probe).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::clock::{clock_ns, sleep_for_ns, sleep_until_on};
+use crate::clock::{clock_ns, sleep_for_ns, sleep_until_unless};
 use crate::hist::Histogram;
 use crate::json::ThreadFigures;
 use crate::load::Phase;
@@ -37,6 +44,54 @@ use crate::threads;
 
 /// cyclictest's `VALBUF_SIZE`: the ring of recent values `-v` reads (a power of two).
 const VALBUF: usize = 16384;
+
+/// The signal that wakes a measuring thread from its sleep at the end of the run: a no-op
+/// handler ([`on_wake`]), installed without `SA_RESTART`, makes `clock_nanosleep` and
+/// `nanosleep` return `EINTR`; a `-x` thread blocks it and takes it in `sigwait` with its
+/// timer's SIGALRM.
+pub const WAKE: libc::c_int = libc::SIGUSR2;
+
+/// How long past `-D` the main thread lets a thread end by itself (at its first wake-up after
+/// the duration, as it counts its last sample) before it wakes it.
+const END_GRACE_NS: u64 = 50_000_000;
+
+extern "C" fn on_wake(_signal: libc::c_int) {}
+
+/// Installs [`WAKE`]'s no-op handler (once per process).
+fn install_wake() -> std::io::Result<()> {
+    static INSTALLED: OnceLock<std::result::Result<(), i32>> = OnceLock::new();
+    let done = INSTALLED.get_or_init(|| {
+        // SAFETY: an all-zero sigaction is valid storage; the handler is an `extern "C"` fn
+        // that does nothing (async-signal-safe); the mask is initialised before the call.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_wake as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            sa.sa_flags = 0;
+            libc::sigemptyset(&mut sa.sa_mask);
+            if libc::sigaction(WAKE, &sa, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+            }
+        }
+        Ok(())
+    });
+    done.map_err(std::io::Error::from_raw_os_error)
+}
+
+/// Wakes the threads of `handles` that have not ended with [`WAKE`], again every 10 ms until
+/// each has ended (a signal that came just before a thread went to sleep is lost on it), for
+/// at most 10 s (a thread stuck elsewhere is then left to the join).
+fn wake_threads<T>(handles: &[std::thread::JoinHandle<T>]) {
+    use std::os::unix::thread::JoinHandleExt as _;
+    let start = Instant::now();
+    while handles.iter().any(|h| !h.is_finished()) && start.elapsed() < Duration::from_secs(10) {
+        for h in handles.iter().filter(|h| !h.is_finished()) {
+            // SAFETY: the thread is joinable and not joined yet (its handle is here), so its
+            // pthread_t is valid even if it has just ended; WAKE has a handler or is blocked.
+            unsafe { libc::pthread_kill(h.as_pthread_t(), WAKE) };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
 
 /// How a thread waits for its next deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,6 +386,8 @@ struct Control {
     stop: AtomicBool,
     /// The common start, for aligned wake-ups (ns of the clock), set by the main thread.
     start_ns: AtomicU64,
+    /// With `-D`: the latest of the threads' ends (ns of the clock; 0 before they know it).
+    end_ns: AtomicU64,
     break_hit: Mutex<Option<(i32, u64)>>,
     spikes: Mutex<Vec<Spike>>,
     spike_count: AtomicU64,
@@ -356,14 +413,21 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Res
         go: AtomicBool::new(false),
         stop: AtomicBool::new(false),
         start_ns: AtomicU64::new(0),
+        end_ns: AtomicU64::new(0),
         break_hit: Mutex::new(None),
         spikes: Mutex::new(Vec::with_capacity(cfg.spike.map_or(0, |s| s.1))),
         spike_count: AtomicU64::new(0),
         warnings: Mutex::new(Vec::new()),
     });
     let live: Vec<Arc<Live>> = (0..n).map(|_| Arc::new(Live::new(cfg.verbose))).collect();
+    install_wake().context("cannot install the handler of the threads' wake-up signal")?;
     let mut handles = Vec::with_capacity(n);
     for (i, spec) in cfg.threads.iter().enumerate() {
+        // A signal while thousands of threads start: start no more (the run then ends with
+        // those it has, as interrupted).
+        if crate::rt::interrupted() {
+            break;
+        }
         let (cfg, tctl, spec, tlive) = (cfg.clone(), ctl.clone(), spec.clone(), live[i].clone());
         let h = std::thread::Builder::new()
             .name(format!("cyclictest/{i}"))
@@ -403,6 +467,12 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Res
             interrupted = true;
             break;
         }
+        // -D, timed here too: a thread asleep past it (an interval longer than the run) is
+        // woken below.
+        let end = ctl.end_ns.load(Ordering::SeqCst);
+        if end > 0 && clock_ns(cfg.clock) >= end.saturating_add(END_GRACE_NS) {
+            break;
+        }
         let one_done = cfg.loops > 0
             && live
                 .iter()
@@ -421,6 +491,7 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Res
         }
     }
     ctl.stop.store(true, Ordering::SeqCst);
+    wake_threads(&handles);
     phase.stop();
     watch.done(&live);
     let threads = threads::join_all(handles, "a cyclictest thread panicked")?;
@@ -458,7 +529,8 @@ struct PosixTimer {
 
 impl PosixTimer {
     /// A timer on `clock` that sends SIGALRM to the calling thread every `interval`, the
-    /// first at `first_ns` (absolute); SIGALRM is blocked in the thread so `sigwait` takes it.
+    /// first at `first_ns` (absolute); SIGALRM (and [`WAKE`]) are blocked in the thread so
+    /// `sigwait` takes them.
     fn start(clock: libc::clockid_t, first_ns: u64, interval: Duration) -> std::io::Result<Self> {
         let os = std::io::Error::last_os_error;
         // SAFETY: an all-zero sigset_t is valid storage for sigemptyset to initialise.
@@ -467,6 +539,8 @@ impl PosixTimer {
         unsafe {
             libc::sigemptyset(&mut set);
             libc::sigaddset(&mut set, libc::SIGALRM);
+            // And the end of the run's wake-up, taken in the same `sigwait`.
+            libc::sigaddset(&mut set, WAKE);
             libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         }
         // SAFETY: an all-zero sigevent is valid; the fields we need are set below.
@@ -604,6 +678,9 @@ fn thread_main(
     }
     let mut next = now + interval;
     let stop_at = cfg.duration.map(|d| now + d.as_nanos() as u64);
+    if let Some(end) = stop_at {
+        ctl.end_ns.fetch_max(end, Ordering::SeqCst);
+    }
     let timer = match cfg.sleep {
         SleepMode::PosixTimer => Some(
             PosixTimer::start(cfg.clock, next, spec.interval)
@@ -615,7 +692,11 @@ fn thread_main(
         // Wait for the next period.
         let mut missed = 0;
         match cfg.sleep {
-            SleepMode::Absolute => sleep_until_on(cfg.clock, next),
+            SleepMode::Absolute => {
+                if !sleep_until_unless(cfg.clock, next, &ctl.stop) {
+                    break;
+                }
+            }
             SleepMode::Relative | SleepMode::Nanosleep => {
                 let before = clock_ns(cfg.clock);
                 sleep_for_ns(cfg.clock, interval, cfg.sleep == SleepMode::Nanosleep);
@@ -628,6 +709,11 @@ fn thread_main(
             }
         }
         let now = clock_ns(cfg.clock);
+        // Woken before the deadline because the run ends: no sample, as cyclictest's thread
+        // leaves its loop when its sleep is interrupted.
+        if now < next && ctl.stop.load(Ordering::SeqCst) {
+            break;
+        }
         // calcdiff(): whole microseconds, truncated (or nanoseconds with -N).
         let diff = now.saturating_sub(next) / unit;
         if let Some((from_ns, cal)) = cfg.late_log {
@@ -804,10 +890,19 @@ impl LiveLines {
         }
     }
 
+    /// Draws the lines on standard output; a failed write stops the run (see [`crate::out`]).
     fn draw(&mut self, live: &[Arc<Live>], last: bool) {
-        let mut out = std::io::stdout().lock();
+        let mut out = Vec::new();
+        self.render(live, last, &mut out);
+        if !out.is_empty() {
+            let mut stdout = std::io::stdout().lock();
+            crate::out::check_stdout(stdout.write_all(&out).and_then(|()| stdout.flush()));
+        }
+    }
+
+    fn render(&mut self, live: &[Arc<Live>], last: bool, out: &mut Vec<u8>) {
         if let Some(v) = &mut self.verbose {
-            v.print(live, &mut out);
+            v.print(live, out);
             return;
         }
         if self.quiet {
@@ -831,7 +926,6 @@ impl LiveLines {
         for (i, l) in live.iter().enumerate() {
             let _ = writeln!(out, "{}", l.status_line(i, &self.specs[i], self.nsecs));
         }
-        let _ = out.flush();
         self.drawn = true;
     }
 }

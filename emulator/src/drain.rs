@@ -41,6 +41,13 @@ pub fn resolve_drain(
     let every = validate::op_interval("--local-op-every", &args.local_op_every)?;
     let timeout = validate::int_in("--drain-timeout", &args.drain_timeout, 1, 60_000)?;
     let stall_threshold = validate::int_in("--stall-threshold", &args.stall_threshold, 1, 60_000)?;
+    if stall_threshold > timeout {
+        bail!(
+            "--stall-threshold {stall_threshold}: longer than --drain-timeout {timeout}, so no \
+             stall could ever count (a drain gives up at the timeout); give a threshold of 1 to \
+             {timeout} ms, or a longer --drain-timeout"
+        );
+    }
     // `auto` (or no --mode) is the kernel's rule (FIDELITY 5), for the measured CPU: remote when
     // it is isolated or nohz_full, queue otherwise.
     let mode = match args.mode.as_deref() {
@@ -60,6 +67,14 @@ pub fn resolve_drain(
         .as_deref()
         .map(|c| validate::cpu("--requester-cpu", c, &cpus.allowed))
         .transpose()?;
+    if let Some(c) = requester.filter(|&c| measured.contains(c)) {
+        bail!(
+            "--requester-cpu {c}: is a measured CPU (measured, or left free with `load \
+             --free`: {measured}): the requester's drains would preempt the probe they measure; \
+             give another CPU of {}",
+            cpus.allowed
+        );
+    }
     if args.mode.is_none() && workload.is_none() {
         return Ok(None);
     }

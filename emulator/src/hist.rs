@@ -39,7 +39,7 @@ pub struct Histogram {
 }
 
 /// The percentiles every report shows, in microseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Percentiles {
     /// Median.
     pub p50: f64,
@@ -53,16 +53,44 @@ pub struct Percentiles {
     pub p99_99: f64,
     /// The largest sample.
     pub max: f64,
+    /// The percentiles (`p50`, ..., `p99_99`) that fall past the last bucket among more
+    /// overflowed samples than were kept: each is known only to be over the last bucket, and
+    /// its figure is that bucket's upper edge, a lower bound. Empty when every figure is a
+    /// bucket's value or an exact sample.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub over_last_bucket: Vec<String>,
+}
+
+impl Percentiles {
+    /// Whether the percentile named `name` (`p99`) is only known to be over the last bucket.
+    pub fn is_lower_bound(&self, name: &str) -> bool {
+        self.over_last_bucket.iter().any(|n| n == name)
+    }
 }
 
 impl std::fmt::Display for Percentiles {
-    /// `p50 1.000 p90 ... max 12.000 us`, as our extra lines print them.
+    /// `p50 1.000 p90 ... max 12.000 us`, as our extra lines print them; a percentile over the
+    /// last bucket as `p50 >0.032`, with a note.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "p50 {:.3} p90 {:.3} p99 {:.3} p99.9 {:.3} p99.99 {:.3} max {:.3} us",
-            self.p50, self.p90, self.p99, self.p99_9, self.p99_99, self.max
-        )
+        for (name, label, v) in [
+            ("p50", "p50", self.p50),
+            ("p90", "p90", self.p90),
+            ("p99", "p99", self.p99),
+            ("p99_9", "p99.9", self.p99_9),
+            ("p99_99", "p99.99", self.p99_99),
+        ] {
+            let over = if self.is_lower_bound(name) { ">" } else { "" };
+            write!(f, "{label} {over}{v:.3} ")?;
+        }
+        write!(f, "max {:.3} us", self.max)?;
+        if !self.over_last_bucket.is_empty() {
+            write!(
+                f,
+                " (>: over the last bucket; more samples overflowed than were kept, so those \
+                 percentiles are not known)"
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -288,10 +316,18 @@ impl Histogram {
 
     /// The `q`-quantile (0 < q <= 1) in nanoseconds: the value of the bucket that holds it
     /// (its upper edge, or its exact value in a histogram of whole units), or the exact sample
-    /// when it lies past the last bucket.
+    /// when it lies past the last bucket; there, when not every overflowed sample was kept, it
+    /// is not known, and the last bucket's upper edge is given (see [`Self::quantile`]).
     pub fn quantile_ns(&self, q: f64) -> u64 {
+        self.quantile(q).0
+    }
+
+    /// [`Self::quantile_ns`], and whether the figure is only a lower bound: the quantile lies
+    /// past the last bucket among more overflowed samples than were kept (the kept ones are the
+    /// first, not a sample of all, so no percentile can be read off them).
+    pub fn quantile(&self, q: f64) -> (u64, bool) {
         if self.count == 0 {
-            return 0;
+            return (0, false);
         }
         // The rank of the sample asked for, 1-based: at least one, at most all.
         let rank = ((q * self.count as f64).ceil() as u64).clamp(1, self.count);
@@ -299,28 +335,47 @@ impl Histogram {
         for (i, &c) in self.counts.iter().enumerate() {
             seen += c;
             if seen >= rank {
-                return self.bucket_value_ns(i).min(self.max_ns);
+                return (self.bucket_value_ns(i).min(self.max_ns), false);
             }
+        }
+        if rank == self.count {
+            return (self.max_ns, false);
+        }
+        if !self.overflow_kept_all() {
+            let edge = self.origin_ns + self.counts.len() as u64 * self.width_ns;
+            return (edge, true);
         }
         // Past the range: the (rank - seen)-th smallest overflowed sample.
         let mut tail = self.overflow_values.clone();
         tail.sort_unstable();
         let k = (rank - seen) as usize;
-        tail.get(k.saturating_sub(1))
+        let v = tail
+            .get(k.saturating_sub(1))
             .copied()
-            .unwrap_or(self.max_ns)
+            .unwrap_or(self.max_ns);
+        (v, false)
     }
 
     /// p50, p90, p99, p99.9, p99.99 and max, in microseconds.
     pub fn percentiles_us(&self) -> Percentiles {
-        let us = |ns: u64| ns as f64 / 1000.0;
+        let mut over = Vec::new();
+        let mut at = |name: &str, q: f64| {
+            let (ns, lower_bound) = self.quantile(q);
+            if lower_bound {
+                over.push(name.to_string());
+            }
+            ns as f64 / 1000.0
+        };
+        let (p50, p90, p99) = (at("p50", 0.50), at("p90", 0.90), at("p99", 0.99));
+        let (p99_9, p99_99) = (at("p99_9", 0.999), at("p99_99", 0.9999));
         Percentiles {
-            p50: us(self.quantile_ns(0.50)),
-            p90: us(self.quantile_ns(0.90)),
-            p99: us(self.quantile_ns(0.99)),
-            p99_9: us(self.quantile_ns(0.999)),
-            p99_99: us(self.quantile_ns(0.9999)),
-            max: us(self.max_ns),
+            p50,
+            p90,
+            p99,
+            p99_9,
+            p99_99,
+            max: self.max_ns as f64 / 1000.0,
+            over_last_bucket: over,
         }
     }
 }
@@ -386,6 +441,38 @@ mod tests {
         assert_eq!(p.p99_99, 70.0);
         assert_eq!(h.count_at_least(1000), 2);
         assert_eq!(h.count_at_least(60_000), 1);
+    }
+
+    /// `oslat --bucket-width 1`: nearly every gap past the last bucket, far more than are
+    /// kept. The percentiles there are not known: they say "over the last bucket", not the max
+    /// (which every one of them read before, 43.860 us against an average of 0.043).
+    #[test]
+    fn percentiles_past_the_kept_overflows_are_over_the_last_bucket_not_the_max() {
+        let mut h = Histogram::new(32, 1);
+        let n = Histogram::OVERFLOW_KEEP as u64 * 3;
+        for i in 0..n {
+            h.record(40 + i % 7);
+        }
+        h.record(43_860);
+        assert!(!h.overflow_kept_all());
+        let p = h.percentiles_us();
+        assert_eq!(p.p50, 0.032, "{p:?}");
+        assert!(
+            p.is_lower_bound("p50") && p.is_lower_bound("p99_99"),
+            "{p:?}"
+        );
+        assert_eq!(p.max, 43.86);
+        let text = p.to_string();
+        assert!(text.starts_with("p50 >0.032 "), "{text}");
+        assert!(text.contains("over the last bucket"), "{text}");
+        // With every overflow kept the tail is exact, and says so by saying nothing.
+        let mut e = Histogram::new(4, 1);
+        for ns in [1, 2, 50, 60] {
+            e.record(ns);
+        }
+        let p = e.percentiles_us();
+        assert!(p.over_last_bucket.is_empty());
+        assert_eq!(e.quantile_ns(0.75), 50);
     }
 
     #[test]

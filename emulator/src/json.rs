@@ -482,9 +482,28 @@ impl<'de, V: Deserialize<'de>> Visitor<'de> for PairVisitor<V> {
     }
 }
 
-/// The command line as rt-tests records it: the arguments joined by spaces.
+/// The command line as rt-tests records it: the arguments joined by spaces. An argument that
+/// is not UTF-8 (a path is any bytes on Linux) is written with each byte that is not part of
+/// valid UTF-8 as `\xNN` (see [`escape_arg`]), where `std::env::args()` panicked, after the
+/// run, losing its results.
 pub fn cmdline() -> String {
-    std::env::args().collect::<Vec<_>>().join(" ")
+    std::env::args_os()
+        .map(|a| escape_arg(&a))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `arg` as text: its valid UTF-8 as it is, every other byte as `\xNN`.
+pub fn escape_arg(arg: &std::ffi::OsStr) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    for chunk in arg.as_encoded_bytes().utf8_chunks() {
+        out.push_str(chunk.valid());
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    out
 }
 
 /// Writes `value` to `path` as pretty JSON (`-` for stdout).
@@ -495,4 +514,18 @@ pub fn write<T: Serialize>(path: &Path, value: &T) -> Result<()> {
         return Ok(());
     }
     std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_argument_that_is_not_utf8_is_escaped_not_a_panic() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let arg = std::ffi::OsStr::from_bytes(b"/tmp/x\xff\xfe.json");
+        assert_eq!(super::escape_arg(arg), "/tmp/x\\xff\\xfe.json");
+        assert_eq!(
+            super::escape_arg("d\u{e9}j\u{e0}".as_ref()),
+            "d\u{e9}j\u{e0}"
+        );
+    }
 }

@@ -71,6 +71,33 @@
 
 #![warn(missing_docs, unsafe_op_in_unsafe_fn)]
 
+// Standard output and error that a run survives losing ([`out`]): these shadow `std`'s
+// printing macros in every module of the crate, which are declared below them.
+
+/// `std`'s `print!`, through [`out::stdout`]: a closed standard output stops the run instead of
+/// panicking.
+macro_rules! print {
+    ($($arg:tt)*) => { $crate::out::stdout(format_args!($($arg)*)) };
+}
+
+/// `std`'s `println!`, through [`out::stdout`].
+macro_rules! println {
+    () => { $crate::out::stdout(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::out::stdout(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `std`'s `eprint!`, through [`out::stderr`]: a failed write to standard error is dropped
+/// instead of panicking.
+macro_rules! eprint {
+    ($($arg:tt)*) => { $crate::out::stderr(format_args!($($arg)*)) };
+}
+
+/// `std`'s `eprintln!`, through [`out::stderr`].
+macro_rules! eprintln {
+    () => { $crate::out::stderr(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::out::stderr(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
 pub mod cli;
 pub mod clock;
 pub mod commands;
@@ -85,6 +112,7 @@ pub mod json;
 pub mod kernel;
 pub mod load;
 pub mod oslat;
+pub mod out;
 pub mod probe_trace;
 pub mod progress;
 pub mod rt;

@@ -132,6 +132,8 @@ impl DrainTimes {
             p99_9: q(0.999),
             p99_99: q(0.9999),
             max: self.0.max() as f64 / 1000.0,
+            // hdrhistogram has no last bucket: every figure is within its precision.
+            over_last_bucket: Vec::new(),
         }
     }
 

@@ -4,13 +4,17 @@ use clap::Parser;
 
 fn main() {
     // A run killed while it isolated a CPU left this process's parent, and so this process,
-    // on the housekeeping CPUs: undo that before anything reads the allowed CPUs.
+    // on the housekeeping CPUs: undo that before anything reads the allowed CPUs. And a run
+    // killed while it had RT throttling off left it off for the whole machine: put it back.
     // SAFETY: `geteuid` has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         let mine = || qpw_emulator::isolate::get_affinity(0).ok();
         let before = mine();
         for l in qpw_emulator::isolate::recover_stale() {
             eprintln!("qpw-emu: isolation: {l}");
+        }
+        for l in qpw_emulator::throttling::recover_stale() {
+            eprintln!("qpw-emu: {l}");
         }
         // Our own affinity was put back too, but the allowed CPUs were read before `main`
         // (qpw-core's start-up capture): start again, once, to read them afresh.
@@ -27,6 +31,10 @@ fn main() {
         }
     }
     let mut args = qpw_emulator::cli::args_for_invocation(std::env::args_os());
+    if let Err(e) = qpw_emulator::cli::refuse_long_args(&args) {
+        eprintln!("Error: {e}");
+        std::process::exit(1);
+    }
     let tool = args.get(1).and_then(|a| a.to_str()).map(str::to_string);
     // What cyclictest 2.4 reads from the command line's order, which clap does not see.
     let mut verbose_before_affinity = false;
@@ -48,7 +56,10 @@ fn main() {
             if let Some(code) = code {
                 std::process::exit(code);
             }
-            e.exit()
+            // Every refusal exits 1, as rt-tests' oslat does and our checks after parsing do
+            // (clap's own would be 2); --help and --version exit 0 (README, "exit status").
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() { 1 } else { 0 })
         }
     };
     if let Some(qpw_emulator::cli::Command::Cyclictest(a)) = cli.command.as_mut() {

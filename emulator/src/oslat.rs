@@ -296,7 +296,7 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
     }
     if cfg.bias || cfg.announce_start {
         use std::io::Write as _;
-        let _ = std::io::stdout().flush();
+        crate::out::check_stdout(std::io::stdout().flush());
     }
     phase.go();
     // No progress line when the main thread shares a measured CPU: redrawing it would disturb

@@ -487,30 +487,24 @@ impl TraceMarker {
     }
 }
 
-/// Takes SIGINT and SIGTERM (see [`crate::signals`]): the first asks the run to stop cleanly
-/// and still report what it measured, a second ends the process. When the signals cannot be
+/// Takes SIGINT, SIGTERM and SIGHUP (see [`crate::signals`]): the first asks the run to stop
+/// cleanly and still report what it measured, a second ends the process. When the signals cannot be
 /// taken they keep their default action, and `warnings` says so.
 pub fn catch_sigint(warnings: &mut Warnings, quiet: bool) {
     if let Err(e) = crate::signals::install() {
         warnings.push(
             quiet,
-            format!("cannot take SIGINT/SIGTERM ({e}): Ctrl-C ends the run without a report"),
+            format!(
+                "cannot take SIGINT/SIGTERM/SIGHUP ({e}): Ctrl-C ends the run without a report"
+            ),
         );
     }
 }
 
-/// Restores the default SIGPIPE action, so that `qpw-emu ... | head` ends quietly like other
-/// command-line tools instead of failing to print.
-pub fn default_sigpipe() {
-    // SAFETY: setting a signal's action to the default has no preconditions.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
-}
-
 /// Runs `write` with SIGPIPE blocked in this thread, so that writing to a pipe whose reader
-/// has gone returns `EPIPE` instead of ending the process; a SIGPIPE raised meanwhile is taken
-/// off before the mask is put back.
+/// has gone returns `EPIPE` instead of ending the process, whatever SIGPIPE's action (qpw-emu
+/// ignores it, [`crate::out::ignore_sigpipe`], but a library user may not); a SIGPIPE raised
+/// meanwhile is taken off before the mask is put back.
 pub fn without_sigpipe<T>(write: impl FnOnce() -> std::io::Result<T>) -> std::io::Result<T> {
     // SAFETY: `sigset_t` is plain data, set up by `sigemptyset`/`sigaddset` before use; the
     // masks passed are valid for the calls' duration.
@@ -557,7 +551,7 @@ pub fn error_chain(e: &anyhow::Error) -> String {
     text
 }
 
-/// Whether SIGINT or SIGTERM arrived.
+/// Whether SIGINT, SIGTERM or SIGHUP arrived, or standard output was closed.
 pub fn interrupted() -> bool {
     crate::signals::interrupted()
 }
@@ -678,14 +672,15 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
-    /// Writing to a pipe nobody reads, with SIGPIPE at its default (as qpw-emu runs), is an
-    /// `EPIPE` error inside `without_sigpipe`, and the process lives on. Checked in a child
-    /// copy of this test binary, since the default action would end the whole harness.
+    /// Writing to a pipe nobody reads, with SIGPIPE at its default (as a library user may
+    /// run), is an `EPIPE` error inside `without_sigpipe`, and the process lives on. Checked in
+    /// a child copy of this test binary, since the default action would end the whole harness.
     #[test]
     fn a_write_to_a_gone_reader_is_an_error_not_a_death() {
         const CHILD: &str = "QPW_SIGPIPE_CHILD";
         if std::env::var_os(CHILD).is_some() {
-            super::default_sigpipe();
+            // SAFETY: setting a signal's action to the default has no preconditions.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
             let mut fds = [0; 2];
             // SAFETY: `fds` has room for the two descriptors `pipe` writes.
             assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);

@@ -1,13 +1,19 @@
-//! Ctrl-C as rt-tests handles it, and one more: the first SIGINT or SIGTERM asks the run to stop
-//! (the probes finish, the summary and the JSON are written, the run is marked interrupted);
-//! a second Ctrl-C (SIGINT) ends the process at once, after the exit hooks have put back what
-//! the run changed on the system.
+//! Ctrl-C as rt-tests handles it, and one more: the first SIGINT, SIGTERM or SIGHUP asks the run
+//! to stop (the probes finish, the summary and the JSON are written, the run is marked
+//! interrupted); a second Ctrl-C (SIGINT) ends the process at once, after the exit hooks have
+//! put back what the run changed on the system.
 //!
 //! What counts as that second request: a Ctrl-C after the first, or a signal other than the
-//! first. Not a repeated SIGTERM: `timeout` and service managers send it to the process and
-//! then to its process group, so one request arrives twice, and a run asked to stop that way
-//! still writes its results. Nor the first signal again within [`SAME_REQUEST`] (`timeout -s
-//! INT`, the same double delivery).
+//! first. Not a repeated SIGTERM or SIGHUP: `timeout` and service managers send SIGTERM to the
+//! process and then to its process group, and a closed terminal sends SIGHUP to each process of
+//! its session, so one request arrives twice, and a run asked to stop that way still writes its
+//! results. Nor the first signal again within [`SAME_REQUEST`] (`timeout -s INT`, the same
+//! double delivery).
+//!
+//! A standard output that can no longer be written (its reader has gone: `qpw-emu ... | head`,
+//! or the terminal hung up) asks the run to stop the same way ([`request_stop`], from
+//! [`crate::out`]): SIGPIPE is ignored, so such a write fails with `EPIPE` instead of killing
+//! the process before it has put back what it changed (RT throttling, a tracefs mount).
 //!
 //! The signals are taken by a `signal-hook` thread, not by a handler, so that what they do is
 //! ordinary code: set the flag, wake the main thread (which sleeps in [`wait`] until the run's
@@ -17,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGPIPE, SIGTERM};
 use signal_hook::iterator::Signals;
 
 /// A clean-up that must run even when a second Ctrl-C ends the process.
@@ -54,14 +60,15 @@ pub const FORCED_EXIT: i32 = 130;
 /// process and to its group), not a second Ctrl-C.
 pub const SAME_REQUEST: Duration = Duration::from_millis(50);
 
-/// Starts taking SIGINT and SIGTERM (once per process; later calls do nothing). If the signals
-/// cannot be taken, they keep their default action (the process ends), and the caller is told.
+/// Starts taking SIGINT, SIGTERM and SIGHUP (once per process; later calls do nothing). If the
+/// signals cannot be taken, they keep their default action (the process ends), and the caller
+/// is told.
 pub fn install() -> std::io::Result<()> {
     static INSTALLED: OnceLock<()> = OnceLock::new();
     if INSTALLED.get().is_some() {
         return Ok(());
     }
-    let mut signals = Signals::new([SIGINT, SIGTERM])?;
+    let mut signals = Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     std::thread::Builder::new()
         .name("qpw-signals".into())
         .spawn(move || {
@@ -73,15 +80,32 @@ pub fn install() -> std::io::Result<()> {
     Ok(())
 }
 
-fn on_signal(signal: i32) {
+/// Takes the first request to stop (`reason`: the signal's number, or [`SIGPIPE`] for a closed
+/// standard output); whether it was the first.
+fn first_request(reason: i32) -> bool {
     let s = state();
     if s.first
-        .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst)
-        .is_ok()
+        .compare_exchange(0, reason, Ordering::SeqCst, Ordering::SeqCst)
+        .is_err()
     {
-        let _ = s.first_at.set(Instant::now());
-        s.interrupted.store(true, Ordering::SeqCst);
-        wake();
+        return false;
+    }
+    let _ = s.first_at.set(Instant::now());
+    s.interrupted.store(true, Ordering::SeqCst);
+    wake();
+    true
+}
+
+/// Asks the run to stop as a first signal does, because its standard output cannot be written
+/// any more (its reader has gone); later requests, and signals after it, are counted as after
+/// a first signal.
+pub fn request_stop_stdout_closed() {
+    first_request(SIGPIPE);
+}
+
+fn on_signal(signal: i32) {
+    let s = state();
+    if first_request(signal) {
         return;
     }
     let first = s.first.load(Ordering::SeqCst);
@@ -97,7 +121,7 @@ fn on_signal(signal: i32) {
 /// Whether `signal`, coming `since_first` after the `first`, ends the process at once (see the
 /// module docs).
 fn forces_exit(first: i32, signal: i32, since_first: Duration) -> bool {
-    if signal == SIGTERM && first == SIGTERM {
+    if signal == first && (signal == SIGTERM || signal == SIGHUP) {
         return false;
     }
     signal != first || since_first >= SAME_REQUEST
@@ -121,21 +145,24 @@ pub fn on_forced_exit(hook: ExitHook) {
         .push(hook);
 }
 
-/// Whether SIGINT or SIGTERM arrived.
+/// Whether SIGINT, SIGTERM or SIGHUP arrived, or the standard output was closed.
 pub fn interrupted() -> bool {
     state().interrupted.load(Ordering::SeqCst)
 }
 
-/// The signal that asked the run to stop: `SIGINT` (Ctrl-C; also before any came) or
-/// `SIGTERM`.
+/// What asked the run to stop: `SIGINT` (Ctrl-C; also before anything came), `SIGTERM`,
+/// `SIGHUP`, or `stdout closed`.
 pub fn stop_signal() -> &'static str {
     match state().first.load(Ordering::SeqCst) {
         SIGTERM => "SIGTERM",
+        SIGHUP => "SIGHUP",
+        SIGPIPE => "stdout closed",
         _ => "SIGINT",
     }
 }
 
-/// What stopped the run, for its report: `interrupted (SIGINT)` or `interrupted (SIGTERM)`.
+/// What stopped the run, for its report: `interrupted (SIGINT)`, `interrupted (SIGTERM)`,
+/// `interrupted (SIGHUP)` or `interrupted (stdout closed)`.
 pub fn stopped_by() -> String {
     format!("interrupted ({})", stop_signal())
 }
@@ -196,5 +223,10 @@ mod tests {
         // Another signal than the first.
         assert!(forces_exit(SIGINT, SIGTERM, at_once));
         assert!(forces_exit(SIGTERM, SIGINT, at_once));
+        // A hung-up terminal's SIGHUP, to the process and to its group.
+        assert!(!forces_exit(SIGHUP, SIGHUP, later));
+        assert!(forces_exit(SIGHUP, SIGINT, at_once));
+        // A closed stdout, then Ctrl-C: the user wants out.
+        assert!(forces_exit(SIGPIPE, SIGINT, later));
     }
 }

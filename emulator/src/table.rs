@@ -187,7 +187,11 @@ impl ThreadView {
             Some(f) => (
                 f.samples,
                 f.us.max,
-                [(f.us.p99, false), (f.us.p99_9, false), (f.us.p99_99, false)],
+                [
+                    (f.us.p99, f.us.is_lower_bound("p99")),
+                    (f.us.p99_9, f.us.is_lower_bound("p99_9")),
+                    (f.us.p99_99, f.us.is_lower_bound("p99_99")),
+                ],
                 false,
             ),
             None => (
@@ -288,7 +292,10 @@ impl ThreadView {
 fn num(v: f64, at_least: bool) -> String {
     match (v.is_nan(), at_least) {
         (true, _) => "-".to_string(),
-        (false, true) => format!(">={v:.0}"),
+        // Whole microseconds as before (cyclictest's -h edge); a sub-microsecond edge (oslat's
+        // --bucket-width in ns) with its decimals, not as >=0.
+        (false, true) if v.fract() == 0.0 => format!(">={v:.0}"),
+        (false, true) => format!(">={v:.3}"),
         (false, false) => format!("{v:.2}"),
     }
 }

@@ -32,10 +32,14 @@ pub fn context_switches() -> (u64, u64) {
     )
 }
 
-/// Waits until `arrived` counts `n` threads, or until one of `threads` has ended (a thread that
-/// failed never arrives, so waiting on would never end).
+/// Waits until `arrived` counts `n` threads, until one of `threads` has ended (a thread that
+/// failed never arrives, so waiting on would never end), or until the run is asked to stop (a
+/// signal during the set-up of thousands of threads).
 pub fn wait_for<T>(arrived: &AtomicUsize, n: usize, threads: &[JoinHandle<T>]) {
-    while arrived.load(Ordering::SeqCst) < n && !threads.iter().any(|h| h.is_finished()) {
+    while arrived.load(Ordering::SeqCst) < n
+        && !threads.iter().any(|h| h.is_finished())
+        && !crate::rt::interrupted()
+    {
         std::thread::sleep(Duration::from_millis(1));
     }
 }

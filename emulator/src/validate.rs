@@ -9,11 +9,27 @@ use std::time::Duration;
 use anyhow::{anyhow, Result};
 use qpw_core::CpuSet;
 
+/// A value as the messages quote it: `''` when empty, its first 64 characters and its length
+/// when longer.
+pub fn quote(raw: &str) -> String {
+    const KEEP: usize = 64;
+    if raw.is_empty() {
+        return "''".to_string();
+    }
+    match raw.char_indices().nth(KEEP) {
+        Some((cut, _)) => format!("{}... ({} bytes)", &raw[..cut], raw.len()),
+        None => raw.to_string(),
+    }
+}
+
 /// An integer in `lo..=hi`.
 pub fn int_in(flag: &str, raw: &str, lo: u64, hi: u64) -> Result<u64> {
     match raw.trim().parse::<u64>() {
         Ok(v) if (lo..=hi).contains(&v) => Ok(v),
-        _ => Err(anyhow!("{flag} {raw}: must be an integer in {lo}-{hi}")),
+        _ => Err(anyhow!(
+            "{flag} {}: must be an integer in {lo}-{hi}",
+            quote(raw)
+        )),
     }
 }
 
@@ -26,7 +42,10 @@ pub fn opt_int_in(flag: &str, raw: Option<&str>, lo: u64, hi: u64) -> Result<Opt
 pub fn float_in(flag: &str, raw: &str, lo: f64, hi: f64) -> Result<f64> {
     match raw.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && (lo..=hi).contains(&v) => Ok(v),
-        _ => Err(anyhow!("{flag} {raw}: must be a number in {lo}-{hi}")),
+        _ => Err(anyhow!(
+            "{flag} {}: must be a number in {lo}-{hi}",
+            quote(raw)
+        )),
     }
 }
 
@@ -36,7 +55,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// A duration as rt-tests writes them: `10` (seconds), `30s`, `20m`, `2h`, `1d`, the unit in
 /// either case; we also take `500ms` for short test runs. From 1 ms to a week.
 pub fn duration(flag: &str, raw: &str) -> Result<Duration> {
-    parse_duration(raw).map_err(|e| anyhow!("{flag} {raw}: {e}"))
+    parse_duration(raw).map_err(|e| anyhow!("{flag} {}: {e}", quote(raw)))
 }
 
 /// A whole number followed by a unit (`500ms`, `200`): the number and the unit in lower case
@@ -134,6 +153,54 @@ pub fn output_file(flag: &str, path: &std::path::Path) -> Result<()> {
             path.display()
         ));
     }
+    writable(flag, path)
+}
+
+/// Opens `path` for writing now, so that an output that cannot be written (`/proc/x`, a
+/// read-only file, `/dev/full`) is refused before the run instead of losing its results after
+/// it: an existing file is opened (not truncated) and written zero bytes (a device that refuses
+/// every write refuses that too); a missing one is created, then removed again. A named pipe or
+/// a socket is taken as it is (its reader may come later).
+fn writable(flag: &str, path: &std::path::Path) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+    let refused = |e: std::io::Error| anyhow!("{flag} {}: cannot be written: {e}", path.display());
+    if let Ok(meta) = std::fs::metadata(path) {
+        let kind = meta.file_type();
+        if kind.is_fifo() || kind.is_socket() {
+            return Ok(());
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(refused)?;
+        return f.write(&[]).map(drop).map_err(refused);
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| anyhow!("{flag} {}: cannot be created: {e}", path.display()))?;
+    let _ = std::fs::remove_file(path);
+    Ok(())
+}
+
+/// A folder for output files (`--out`): made if missing, and refused up front, naming `flag`,
+/// when it is a file or cannot be written in.
+pub fn output_dir(flag: &str, dir: &std::path::Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(anyhow!(
+            "{flag} {}: not a directory (it is a file): give a folder, which is made if missing",
+            dir.display()
+        ));
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow!("{flag} {}: cannot create the folder: {e}", dir.display()))?;
+    let probe = dir.join(format!(".qpw-emu-write-test-{}", std::process::id()));
+    std::fs::File::create(&probe)
+        .map_err(|e| anyhow!("{flag} {}: cannot write in the folder: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(probe);
     Ok(())
 }
 
@@ -144,7 +211,23 @@ pub fn output_file(flag: &str, path: &std::path::Path) -> Result<()> {
 /// its first two CPUs).
 pub fn cpu_list(flag: &str, raw: &str, allowed: &CpuSet) -> Result<CpuSet> {
     let text = raw.trim();
-    let parse = |list: &str| CpuSet::parse(list).map_err(|e| anyhow!("{flag} {raw}: {e}"));
+    let raw = &quote(raw);
+    let parse = |list: &str| {
+        CpuSet::parse(list).map_err(|e| match e {
+            // The number as given, not as it was read (18446744073709551616 saturates).
+            qpw_core::Error::CpuOutOfRange { max, .. } => {
+                let given = list
+                    .split(|c: char| !c.is_ascii_digit())
+                    .find(|t| !t.is_empty() && t.parse::<usize>().map_or(true, |n| n > max))
+                    .unwrap_or(list);
+                anyhow!(
+                    "{flag} {raw}: cpu {} is out of range: CPU numbers go from 0 to {max}",
+                    quote(given)
+                )
+            }
+            e => anyhow!("{flag} {raw}: {e}"),
+        })
+    };
     let set = if text == "all" {
         allowed.clone()
     } else if let Some(rest) = text.strip_prefix('!') {
@@ -184,17 +267,19 @@ pub fn cpu(flag: &str, raw: &str, allowed: &CpuSet) -> Result<usize> {
     match raw.trim().parse::<usize>() {
         Ok(c) if allowed.contains(c) => Ok(c),
         _ => Err(anyhow!(
-            "{flag} {raw}: must be one CPU of the allowed set {allowed} (0-{last})"
+            "{flag} {}: must be one CPU of the allowed set {allowed} (0-{last})",
+            quote(raw)
         )),
     }
 }
 
 /// `on` or `off`.
 pub fn on_off(flag: &str, raw: &str) -> Result<bool> {
+    // Only the two words the help gives: `1` passed where `2` was refused.
     match raw.trim() {
-        "on" | "yes" | "1" | "true" => Ok(true),
-        "off" | "no" | "0" | "false" => Ok(false),
-        _ => Err(anyhow!("{flag} {raw}: must be `on` or `off`")),
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(anyhow!("{flag} {}: must be `on` or `off`", quote(raw))),
     }
 }
 
@@ -204,8 +289,9 @@ pub fn on_off(flag: &str, raw: &str) -> Result<bool> {
 pub fn op_interval(flag: &str, raw: &str) -> Result<Duration> {
     let bad = || {
         anyhow!(
-            "{flag} {raw}: must be 0 to 1s, in microseconds (200) or with a unit (250ns, 1us, \
-             2ms)"
+            "{flag} {}: must be 0 to 1s, in microseconds (200) or with a unit (250ns, 1us, \
+             2ms)",
+            quote(raw)
         )
     };
     let (n, unit) = number_and_unit(raw).ok_or_else(bad)?;
@@ -236,7 +322,7 @@ mod tests {
         assert_eq!(duration("-D", "500ms").unwrap(), Duration::from_millis(500));
         for bad in ["0", "", "x", "10x", "-1", "8d", "99999999999999999999"] {
             let e = duration("--duration", bad).unwrap_err().to_string();
-            assert!(e.starts_with(&format!("--duration {bad}:")), "{e}");
+            assert!(e.starts_with(&format!("--duration {}:", quote(bad))), "{e}");
             assert!(e.contains("1ms to 7d"), "{e}");
         }
     }

@@ -160,8 +160,18 @@ pub fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
             bail!("--workload {w}: oslat's busy-loop workloads belong to `qpw-emu oslat`");
         }
     }
-    for path in [&args.json, &args.histfile].into_iter().flatten() {
-        validate::output_file("--json/--histfile", path)?;
+    for (flag, path) in [("--json", &args.json), ("--histfile", &args.histfile)] {
+        if let Some(path) = path {
+            validate::output_file(flag, path)?;
+        }
+    }
+    if let Some(path) = &args.fifo {
+        if path.is_dir() {
+            bail!(
+                "-F/--fifo {}: is a directory: give the path of the named pipe to create",
+                path.display()
+            );
+        }
     }
     let trace_us = args
         .trace
@@ -387,7 +397,15 @@ pub fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
                     .with_context(|| format!("--histfile {}: cannot create", path.display()))?;
                 cyclictest::write_histogram(&mut f, &run, h, histofall)?;
             }
-            None => cyclictest::write_histogram(&mut std::io::stdout().lock(), &run, h, histofall)?,
+            None => {
+                // A standard output that is gone stops the run as Ctrl-C does (crate::out).
+                crate::out::check_stdout(cyclictest::write_histogram(
+                    &mut std::io::stdout().lock(),
+                    &run,
+                    h,
+                    histofall,
+                ));
+            }
         }
     }
     if breaktrace.is_some() {
@@ -415,7 +433,7 @@ pub fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     if run.interrupted {
         eprintln!("# qpw-emu: {}", crate::signals::stopped_by());
     }
-    let _ = std::io::stdout().flush();
+    crate::out::check_stdout(std::io::stdout().flush());
     Ok(())
 }
 

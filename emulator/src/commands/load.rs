@@ -25,6 +25,14 @@ pub fn load_cmd(args: &LoadArgs) -> Result<()> {
         .map(|d| validate::duration("--duration", d))
         .transpose()?;
     let free = cpus.list_or_target("--free", args.free.as_deref())?;
+    if cpus.allowed.difference(&free).is_empty() {
+        bail!(
+            "--free {}: leaves no CPU for the requester and the load (allowed: {}); keep at least \
+             one out of --free",
+            validate::quote(args.free.as_deref().unwrap_or_default()),
+            cpus.allowed
+        );
+    }
     let mut drain = args.drain.clone();
     // The load is this command's whole point: on even with neither flag, in the mode its help
     // gives as the default, the kernel's rule (remote on an isolated CPU; a 6.1 guest with

@@ -31,11 +31,10 @@ pub mod trace;
 use anyhow::Result;
 
 use crate::cli::{Cli, Command};
-use crate::rt;
 
 /// Runs the command line's command.
 pub fn dispatch(cli: Cli) -> Result<()> {
-    rt::default_sigpipe();
+    crate::out::ignore_sigpipe();
     match cli.command {
         None => run::run(&run::default_args()),
         Some(Command::Run(args)) => run::run(&args),

@@ -171,7 +171,9 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         _ => None,
     };
     if let Some((cpu, us)) = run.threshold_hit {
-        let app = std::env::args().next().unwrap_or_else(|| "oslat".into());
+        let app = std::env::args_os()
+            .next()
+            .map_or_else(|| "oslat".into(), |a| json::escape_arg(&a));
         let app = if crate::cli::called_as_tool(&app) {
             app
         } else {

@@ -24,9 +24,43 @@ enum Loaded {
     Summary,
 }
 
+/// The largest file `report` reads: 64 MiB, far above what a run writes (a cyclictest file of
+/// `-h 1000000` with every bucket filled on a few threads is tens of MB), so that a wrong
+/// argument (`/dev/urandom`, a huge log) is refused rather than read into memory.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads `path`, when it is a regular file of at most [`MAX_FILE_BYTES`].
+fn read_limited(path: &Path) -> Result<String> {
+    use std::io::Read as _;
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.is_file() {
+        return Err(anyhow!(
+            "{}: not a regular file (a directory, device, pipe or socket): give a JSON file",
+            path.display()
+        ));
+    }
+    let too_big = |n: u64| {
+        anyhow!(
+            "{}: {n} bytes, more than the {MAX_FILE_BYTES} bytes (64 MiB) report reads",
+            path.display()
+        )
+    };
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_BYTES + 1).read_to_string(&mut text))
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_big(text.len() as u64));
+    }
+    Ok(text)
+}
+
 fn load(path: &Path) -> Result<Loaded> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = read_limited(path)?;
     let value: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
     if value.get("tool").and_then(|t| t.as_str()) == Some("qpw-emu run") {
@@ -42,21 +76,156 @@ fn load(path: &Path) -> Result<Loaded> {
                 path.display()
             )
         })?;
+    check_numbers(&value, &mut String::new()).map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    // The field a value of the wrong type is in, named (`thread.0.cycles: invalid type`).
+    let typed = |what: &'static str, located: Option<String>| {
+        let path = path.display().to_string();
+        move |e: serde_json::Error| match &located {
+            Some(l) => anyhow!("{path}: not {what}: {l}"),
+            None => anyhow!("{path}: not {what}: {e}"),
+        }
+    };
     if first.get("freq").is_some() {
-        Ok(Loaded::Oslat(serde_json::from_value(value).with_context(
-            || format!("{}: not an oslat result", path.display()),
-        )?))
+        let located = locate_type_error::<crate::json::OslatThreadJson>(&value);
+        let doc: Envelope<OslatBody> =
+            serde_json::from_value(value).map_err(typed("an oslat result", located))?;
+        for (i, f) in doc.body.qpw.percentiles.iter().enumerate() {
+            check_percentiles(&format!("percentiles.{i}.us"), &f.us)
+                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        }
+        Ok(Loaded::Oslat(doc))
     } else if first.get("cycles").is_some() {
-        Ok(Loaded::Cyclictest(
-            serde_json::from_value(value)
-                .with_context(|| format!("{}: not a cyclictest result", path.display()))?,
-        ))
+        let located = locate_type_error::<crate::json::CyclictestThreadJson>(&value);
+        let doc: Envelope<CyclictestBody> =
+            serde_json::from_value(value).map_err(typed("a cyclictest result", located))?;
+        for (i, f) in doc.body.qpw.percentiles.iter().enumerate() {
+            check_percentiles(&format!("percentiles.{i}.us"), &f.us)
+                .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+        }
+        Ok(Loaded::Cyclictest(doc))
     } else {
         Err(anyhow!(
             "{}: threads have neither `freq` (oslat) nor `cycles` (cyclictest)",
             path.display()
         ))
     }
+}
+
+/// Where in `value` a field has the wrong type, as `field `thread.0.cycles`: invalid type...`:
+/// the parts are read one by one (each thread as a `T`, our fields, the envelope), since the
+/// flattened whole loses the path.
+fn locate_type_error<T: serde::de::DeserializeOwned>(value: &serde_json::Value) -> Option<String> {
+    let at = |prefix: &str, e: serde_path_to_error::Error<serde_json::Error>| {
+        let inner = e.path().to_string();
+        let field = match (prefix, inner.as_str()) {
+            (p, ".") => p.to_string(),
+            ("", i) => i.to_string(),
+            (p, i) => format!("{p}.{i}"),
+        };
+        format!("field `{field}`: {}", e.inner())
+    };
+    if let Some(threads) = value.get("thread").and_then(|t| t.as_object()) {
+        for (k, t) in threads {
+            if let Err(e) = serde_path_to_error::deserialize::<_, T>(t) {
+                return Some(at(&format!("thread.{k}"), e));
+            }
+        }
+    }
+    if let Err(e) = serde_path_to_error::deserialize::<_, QpwFields>(value) {
+        return Some(at("", e));
+    }
+    serde_path_to_error::deserialize::<_, Envelope<serde::de::IgnoredAny>>(value)
+        .err()
+        .map(|e| at("", e))
+}
+
+/// The largest count or integer a file may hold: 2^53, past which JSON's numbers are not exact
+/// (and a sum of such counts, per second, overflows what the table can show).
+const MAX_INTEGER: u64 = 1 << 53;
+
+/// Every number of `value` (at the field path `at`) checked: integers within +-2^53, other
+/// numbers within +-1e15 (no figure of a run comes near; `1e308` is a damaged or crafted
+/// file); the error names the field.
+fn check_numbers(value: &serde_json::Value, at: &mut String) -> std::result::Result<(), String> {
+    use serde_json::Value;
+    let field = |at: &str| {
+        if at.is_empty() {
+            "(top)".to_string()
+        } else {
+            at.to_string()
+        }
+    };
+    match value {
+        Value::Number(n) => {
+            let ok = if let Some(u) = n.as_u64() {
+                u <= MAX_INTEGER
+            } else if let Some(i) = n.as_i64() {
+                i.unsigned_abs() <= MAX_INTEGER
+            } else {
+                n.as_f64().is_some_and(|f| f.is_finite() && f.abs() <= 1e15)
+            };
+            if !ok {
+                return Err(format!(
+                    "field `{}`: {n} is out of range (integers up to 2^53 = {MAX_INTEGER}, other \
+                     figures up to 1e15)",
+                    field(at)
+                ));
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                let len = at.len();
+                at.push_str(&if at.is_empty() {
+                    i.to_string()
+                } else {
+                    format!(".{i}")
+                });
+                check_numbers(v, at)?;
+                at.truncate(len);
+            }
+        }
+        Value::Object(map) => {
+            for (k, v) in map {
+                let len = at.len();
+                if !at.is_empty() {
+                    at.push('.');
+                }
+                at.push_str(k);
+                check_numbers(v, at)?;
+                at.truncate(len);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Our percentiles of one thread (at field `at`): latencies in 0-1e9 us, in increasing order.
+fn check_percentiles(at: &str, p: &crate::hist::Percentiles) -> std::result::Result<(), String> {
+    let all = [
+        ("p50", p.p50),
+        ("p90", p.p90),
+        ("p99", p.p99),
+        ("p99_9", p.p99_9),
+        ("p99_99", p.p99_99),
+        ("max", p.max),
+    ];
+    for (name, v) in all {
+        if !(v.is_finite() && (0.0..=Buckets::MAX_KEY_US).contains(&v)) {
+            return Err(format!(
+                "field `{at}.{name}`: {v} is not a latency (0-1e9 us)"
+            ));
+        }
+    }
+    for pair in all.windows(2) {
+        if pair[0].1 > pair[1].1 {
+            return Err(format!(
+                "field `{at}.{}`: {} is more than `{}`'s {}: percentiles grow",
+                pair[0].0, pair[0].1, pair[1].0, pair[1].1
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The settings a file's command line gives, as the tool would read them (the defaults when
@@ -95,6 +264,21 @@ impl Recorded {
     }
 }
 
+/// The sum of thread `i`'s histogram counts, refused past 2^53 (no run counts that many
+/// samples; the table's sums and rates would overflow).
+fn histogram_total(i: usize, points: &[(f64, u64)]) -> std::result::Result<u64, String> {
+    points
+        .iter()
+        .try_fold(0u64, |sum, p| sum.checked_add(p.1))
+        .filter(|&t| t <= MAX_INTEGER)
+        .ok_or_else(|| {
+            format!(
+                "field `thread.{i}.histogram`: its counts add up past 2^53 = {MAX_INTEGER}, more \
+                 samples than any run takes"
+            )
+        })
+}
+
 /// The threads of one file, checked: keys that are latencies, counts that add up.
 fn views(path: &Path, loaded: &Loaded) -> Result<Vec<ThreadView>> {
     let bad = |i: usize, e: String| anyhow!("{}: thread {i}: {e}", path.display());
@@ -111,6 +295,7 @@ fn views(path: &Path, loaded: &Loaded) -> Result<Vec<ThreadView>> {
                 .map_or(1.0, |s| s.bucket_width_ns as f64 / 1000.0);
             for (i, t) in doc.body.thread.0.iter().enumerate() {
                 let mut points = t.histogram.points().map_err(|e| bad(i, e))?;
+                histogram_total(i, &points).map_err(|e| bad(i, e))?;
                 let max = t.max.value();
                 if !max.is_finite() || max > Buckets::MAX_KEY_US {
                     return Err(bad(i, format!("max {max} is not a latency in 0-1e9 us")));
@@ -142,7 +327,7 @@ fn views(path: &Path, loaded: &Loaded) -> Result<Vec<ThreadView>> {
             let rec = Recorded::of(&doc.cmdline);
             for (i, t) in doc.body.thread.0.iter().enumerate() {
                 let points = t.histogram.points().map_err(|e| bad(i, e))?;
-                let in_range: u64 = points.iter().map(|p| p.1).sum();
+                let in_range = histogram_total(i, &points).map_err(|e| bad(i, e))?;
                 if in_range > t.cycles {
                     return Err(bad(
                         i,
@@ -187,6 +372,9 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
         .as_deref()
         .map(|t| crate::validate::float_in("--threshold", t, 0.001, 1e7))
         .transpose()?;
+    if let Some(out) = &args.out {
+        crate::validate::output_dir("--out", out)?;
+    }
     // Every file read and checked before anything is printed.
     let mut files = Vec::new();
     let mut skipped = Vec::new();
@@ -273,7 +461,7 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or_else(|| PathBuf::from(".")),
     };
-    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    crate::validate::output_dir("--out", &out)?;
     let mut written = Vec::new();
     for (tool, list) in &series {
         if list.is_empty() {

@@ -219,9 +219,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
             for m in list.split(',') {
                 let mode = crate::drain::parse_mode(m)
                     .map_err(|_| anyhow!("--modes {list}: `{m}` is not queue, remote or fenced"))?;
-                if !modes.contains(&mode) {
-                    modes.push(mode);
+                if modes.contains(&mode) {
+                    return Err(anyhow!(
+                        "--modes {list}: `{}` is given twice; give each of queue, remote, \
+                         fenced once",
+                        m.trim()
+                    ));
                 }
+                modes.push(mode);
             }
             modes
         }
@@ -239,6 +244,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
             .collect::<Result<_>>()?,
         None => WorkloadName::DEFAULT_EXPERIMENT.to_vec(),
     };
+    for (i, w) in asked.iter().enumerate() {
+        if asked[..i].contains(w) {
+            return Err(anyhow!(
+                "--workloads {}: `{w}` is given twice; give each workload once",
+                args.workloads.as_deref().unwrap_or_default()
+            ));
+        }
+    }
     // With root and tracefs: the kernel's own drains too, and every scenario traced.
     let tracing = match tracefs::preflight().and_then(|()| tracefs::available()) {
         Ok(()) => true,
@@ -292,8 +305,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Some(dir) => dir.clone(),
         None => PathBuf::from("results").join(rt::local_time("%Y%m%d-%H%M%S")),
     };
-    std::fs::create_dir_all(&out)
-        .with_context(|| format!("cannot create the results folder {}", out.display()))?;
+    validate::output_dir("--out", &out)?;
 
     let quiet = args.quiet;
     let start_time = rt::rt_timestamp();

@@ -48,6 +48,15 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
         .as_deref()
         .map(|t| validate::int_in("--probe-tid", t, 1, i32::MAX as u64).map(|v| v as i32))
         .transpose()?;
+    if let Some(tid) = probe {
+        // /proc/<tid> names any thread of the machine, listed or not.
+        if !std::path::Path::new(&format!("/proc/{tid}")).exists() {
+            anyhow::bail!(
+                "--probe-tid {tid}: no such thread (no /proc/{tid}): give the tid of the probe's \
+                 measuring thread (ps -eLo tid,comm), or leave it out for the busiest thread"
+            );
+        }
+    }
     let top = validate::int_in("--top", &args.top, 1, 1000)? as usize;
     if let Some(path) = &args.json {
         validate::output_file("--json", path)?;

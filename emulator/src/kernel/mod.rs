@@ -401,7 +401,7 @@ impl Filler {
     /// Asks for one fill and waits for it.
     fn fill(&mut self) -> Result<()> {
         // A filler that died (the OOM killer, a kill by hand) must end this run with an error,
-        // not kill it with SIGPIPE (which qpw-emu leaves at its default, for `| head`).
+        // not kill it with SIGPIPE (which qpw-emu ignores, but a library user may not).
         crate::rt::without_sigpipe(|| self.to.write_all(b"f"))
             .context("cannot reach the filler process (it has ended)")?;
         self.wait_answer()
