@@ -447,10 +447,16 @@ pub struct TraceMarker {
     tracing_on: Option<File>,
 }
 
+/// What a run with a trace threshold records when there is no marker to write.
+const NO_TRACE_MARKER: &str =
+    "ftrace is not available (no writable trace_marker): a threshold stop writes no trace marker";
+
 impl TraceMarker {
     /// Opens the marker under `/sys/kernel/tracing` (or the older debugfs path); records a
-    /// warning when there is none.
-    pub fn open(warnings: &mut Warnings, quiet: bool) -> Self {
+    /// warning when there is none, without saying it: the caller says it with
+    /// [`say_missing`](Self::say_missing) where it fits (oslat after rt-tests' own lines of a
+    /// threshold stop, which come first on stderr).
+    pub fn open(warnings: &mut Warnings) -> Self {
         for dir in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
             let marker = OpenOptions::new()
                 .write(true)
@@ -466,13 +472,18 @@ impl TraceMarker {
                 };
             }
         }
-        warnings.push(
-            quiet,
-            "ftrace is not available (no writable trace_marker): a threshold stop writes no trace marker",
-        );
+        warnings.push(true, NO_TRACE_MARKER);
         Self {
             marker: None,
             tracing_on: None,
+        }
+    }
+
+    /// Says on stderr, unless `quiet`, the warning [`open`](Self::open) recorded when there is
+    /// no marker.
+    pub fn say_missing(&self, quiet: bool) {
+        if self.marker.is_none() && !quiet {
+            eprintln!("warning: {NO_TRACE_MARKER}");
         }
     }
 

@@ -791,11 +791,12 @@ fn cyclictest_loops_let_a_thread_near_the_end_finish() {
 }
 
 /// oslat `-T` where `trace_marker` cannot be written (an ordinary user here): 2.4's two lines
-/// on stderr and exit 1 all the same; only then may our warning about ftrace matter.
+/// on stderr and exit 1 all the same; only then may our warning about ftrace matter, so it
+/// comes after them (issue 43).
 #[test]
 fn oslat_trace_threshold_without_a_writable_trace_marker() {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_qpw-emu"));
-    cmd.args(["oslat", "-c", "1", "-D", "5", "-T", "1", "-q"]);
+    cmd.args(["oslat", "-c", "1", "-D", "5", "-T", "1"]);
     common::as_nobody(&mut cmd);
     let o = cmd.output().expect("qpw-emu runs");
     let stderr = String::from_utf8_lossy(&o.stderr);
@@ -807,6 +808,14 @@ fn oslat_trace_threshold_without_a_writable_trace_marker() {
         .unwrap_or_else(|| panic!("no trigger line: {stderr}"));
     assert!(lines[at].ends_with(" us!"), "{stderr}");
     assert_eq!(lines.get(at + 1), Some(&"Stopping the test."), "{stderr}");
+    let ftrace = lines
+        .iter()
+        .position(|l| l.contains("ftrace is not available"))
+        .unwrap_or_else(|| panic!("no warning about ftrace: {stderr}"));
+    assert!(
+        ftrace > at + 1,
+        "the ftrace warning before 2.4's lines: {stderr}"
+    );
 }
 
 #[test]

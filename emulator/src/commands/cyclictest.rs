@@ -245,8 +245,11 @@ pub fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     if !args.drain.isolate {
         rt::check_isolation(&measured, &mut warnings, quiet);
     }
-    let mut marker =
-        (breaktrace.is_some() && args.tracemark).then(|| TraceMarker::open(&mut warnings, quiet));
+    let mut marker = (breaktrace.is_some() && args.tracemark).then(|| {
+        let marker = TraceMarker::open(&mut warnings);
+        marker.say_missing(quiet);
+        marker
+    });
     if args.resolution {
         check_resolution(clock, args.verbose, args.dbg_cyclictest);
     }

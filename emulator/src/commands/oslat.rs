@@ -85,7 +85,7 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     }
     let mut marker = args
         .trace_threshold
-        .map(|_| TraceMarker::open(&mut warnings, quiet));
+        .map(|_| TraceMarker::open(&mut warnings));
     rt::catch_sigint(&mut warnings, quiet);
     // After Ctrl-C is taken: a signal must not end the process before the guard restores.
     let throttling_off = crate::drain::throttling_for_run(&drain, &mut warnings, quiet)?;
@@ -187,8 +187,15 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         if let Some(m) = &mut marker {
             m.mark(&line);
         }
+        // rt-tests' two lines first on stderr; then what we have to say about the marker.
         eprint!("{line}");
+        if let Some(m) = &marker {
+            m.say_missing(quiet);
+        }
         return Err(Exit(1).into());
+    }
+    if let Some(m) = &marker {
+        m.say_missing(quiet);
     }
     if !quiet {
         println!("Test completed.");
