@@ -234,6 +234,21 @@ pub enum Error {
         asked_at: &'static std::panic::Location<'static>,
     },
 
+    /// The calling thread already holds concurrency id `id`'s slot of a
+    /// [`PerCid`](crate::PerCid) (through a guard, or a walk's closure) and asked for it again:
+    /// it would wait for itself. Refused in every build.
+    #[error(
+        "concurrency id {id}'s slot is already held by this thread (taken at {held_at}) and was          asked for again at {asked_at}: it would wait for itself (lock_local or a walk while a          guard of it is alive, or from inside a walk's closure)"
+    )]
+    IdReentrant {
+        /// The id whose slot the thread holds and asked for again.
+        id: usize,
+        /// Where the thread took the slot it holds.
+        held_at: &'static std::panic::Location<'static>,
+        /// Where it asked for it again.
+        asked_at: &'static std::panic::Location<'static>,
+    },
+
     /// A work item panicked while it ran: `runs` runs of it panicked since the last report,
     /// the first with `message`.
     #[error(

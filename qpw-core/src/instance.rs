@@ -579,10 +579,14 @@ impl Qpw {
         };
         format!(
             "{kind}; policy {policy} ({origin}): {}, {}{fenced_clause}; unbound threads' CPU \
-             from {cpu_source}; RseqLock uses {}",
+             from {cpu_source}; RseqLock uses {}; PerCid ids from {}{}",
             clause(Mode::Queue, &queue),
             clause(Mode::Remote, &remote),
-            crate::RseqLock::kind()
+            crate::RseqLock::kind(),
+            crate::cid::source(),
+            crate::cid::unavailable_reason()
+                .map(|why| format!(" ({why})"))
+                .unwrap_or_default()
         )
     }
 
@@ -617,6 +621,27 @@ impl Qpw {
             });
         }
         Ok(crate::OwnedPerCpu::new(self.inner().clone(), init))
+    }
+
+    /// State per concurrency id (rseq's `mm_cid`): one slot for each id the process's threads
+    /// run with, made on first use from `init`, each behind its own lock
+    /// ([`PerCid`](crate::PerCid)). Where `mm_cid` cannot be read the ids are CPU numbers
+    /// ([`cid::status`](crate::cid::status) says why; [`describe`](Self::describe) says which).
+    /// Every walk runs in the caller, whatever this instance's policy: an id is not a CPU a
+    /// worker could run on.
+    ///
+    /// ```
+    /// let qpw = qpw_core::Qpw::new()?;
+    /// let hits = qpw.per_cid(|_id| 0u64);
+    /// *hits.lock_local()? += 1;
+    /// assert_eq!(hits.take_each(std::mem::take)?.iter().map(|(_, n)| n).sum::<u64>(), 1);
+    /// # Ok::<(), qpw_core::Error>(())
+    /// ```
+    pub fn per_cid<T>(
+        &self,
+        init: impl Fn(usize) -> T + Send + Sync + 'static,
+    ) -> crate::PerCid<T> {
+        crate::PerCid::new(init)
     }
 
     /// Per-CPU state, one slot per managed CPU, initialised with `init(cpu)`, each behind that

@@ -150,6 +150,13 @@ fn area_slow() -> Option<*const u8> {
     area
 }
 
+/// glibc's rseq registration for the process: `__rseq_offset` and `__rseq_size`, or why there
+/// is none (looked up again at each call: for decisions made once).
+#[cfg(not(loom))]
+pub(crate) fn registration() -> Result<(isize, u32), String> {
+    lookup()
+}
+
 /// Looks up glibc's `__rseq_offset` and `__rseq_size`: the offset, or why there is none.
 #[cfg(not(loom))]
 fn lookup() -> Result<(isize, u32), String> {
@@ -430,6 +437,10 @@ pub mod mock {
         /// The answer stored as read, over whatever is there: a thread preempted between its
         /// read of the call and its store puts an older answer over a newer one.
         AnswerMayGoBack,
+        /// A [`PerCid`](crate::PerCid) slot made on first use is published with a plain store,
+        /// not a compare-and-swap: two threads that make one id's slot at once each store
+        /// theirs, and what was added to the one overwritten is lost.
+        SlotStoredBlindly,
     }
 
     /// What the model's check of the answer cell says when an answer moves backwards.
@@ -570,6 +581,22 @@ pub mod mock {
     /// The CPU the calling model thread was last placed on.
     pub fn current() -> Option<usize> {
         CPU.with(Cell::get)
+    }
+
+    thread_local! {
+        #[allow(clippy::missing_const_for_thread_local)]
+        static CID: Cell<Option<usize>> = Cell::new(None);
+    }
+
+    /// Gives the calling model thread concurrency id `cid` (what `cid::current` reads): the
+    /// kernel changes a thread's id when it is descheduled, and gives a freed one to another.
+    pub fn set_cid(cid: Option<usize>) {
+        CID.with(|c| c.set(cid));
+    }
+
+    /// The calling model thread's concurrency id ([`set_cid`]).
+    pub fn cid() -> Option<usize> {
+        CID.with(Cell::get)
     }
 }
 

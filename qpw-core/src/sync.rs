@@ -24,7 +24,9 @@ pub(crate) type UnmodelledLocation = std::sync::atomic::AtomicPtr<std::panic::Lo
 #[cfg(not(loom))]
 mod imp {
     pub use std::hint::spin_loop;
-    pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    pub use std::sync::atomic::{
+        fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    };
     pub use std::sync::{Arc, Condvar, Mutex, MutexGuard};
     pub use std::thread;
     pub use std::thread_local;
@@ -130,7 +132,9 @@ mod imp {
     pub use loom::hint::spin_loop;
     /// A static made once per loom execution (the mocked kernel's per-CPU state).
     pub use loom::lazy_static;
-    pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+    pub use loom::sync::atomic::{
+        fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+    };
     pub use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
     pub use loom::thread;
     pub use loom::thread_local;
