@@ -43,6 +43,7 @@
 //! | non-RT `local_lock` (`preempt_disable`) | same | [`RseqLock`] in [`Qpw::per_cpu_with`] | restartable sequence, plain stores | refused |
 //! | none (userspace has no `preempt_disable`) | none | [`Mode::Fenced`] ([`Policy::Fenced`], [`Policy::FencedOn`]): [`Qpw::per_cpu`] slots get a [`FencedLock`]; [`PerCpu::bound_slot`] for a pinned thread's hot loop | | as remote mode, but the owner takes the lock with a restartable sequence; the caller raises a flag and waits for the CPU's answer, or fences it with `membarrier` |
 //! | none (thread-per-core, Seastar) | none | [`Qpw::owned_per_cpu`], [`Owner::lock_local`], [`Owner::poll`] | one owner, work run at its poll | refused |
+//! | the mm's concurrency id, `mm_cid` (`task_struct::mm_cid`, Linux 6.3; the kernel's own per-mm id, which rseq publishes) | none | [`Qpw::per_cid`], [`PerCid::lock_local`], [`cid::current`] | none: an id is no CPU a worker could run on | every walk ([`PerCid::for_each_locked`], [`PerCid::take_each`]) runs in the caller under each id's lock, over the ids used so far |
 //!
 //! # How the local lock excludes, in each mode, and what it costs
 //!
@@ -97,6 +98,7 @@
 //! | [`RseqLock`] | [`Qpw::per_cpu_with`] | a restartable sequence whose last instruction, a plain store, the kernel aborts on preemption or migration | plain loads and stores, no atomic read-modify-write | no (queue mode only, no [`RawRemoteLock`]); a thread that finds itself elsewhere fences the CPU with `membarrier` first | falls back to the [`FairLock`] protocol, reported by [`rseq::status`] and [`Qpw::describe`] |
 //! | [`FencedLock`] | [`Qpw::per_cpu`] on fenced-mode CPUs, or [`Qpw::per_cpu_with`] | the same restartable sequence as [`RseqLock`] | plain loads and stores, no atomic read-modify-write | yes: a requester raises a flag, waits briefly for the CPU's answer, else fences the one CPU with `membarrier` (aborting any sequence in flight there), then waits for a holder that had committed; remote-mode drains run in the requester, no worker | falls back to the [`FairLock`] protocol, as [`RseqLock`] does |
 //! | owner-only | [`Qpw::owned_per_cpu`] | one owning thread per CPU ([`Owner`], `!Send`), enforced | a borrow flag: no lock word at all | no: work is posted to the CPU's mailbox and run by the owner when it polls | always available |
+//! | per concurrency id | [`Qpw::per_cid`] | a [`FairLock`] per id's slot (an id changes hands when threads are descheduled, so two threads may reach one slot) | two compare-and-swaps | yes: every walk, from the caller | ids fall back to CPU numbers (kernel before 6.3, no rseq), reported by [`cid::status`] and [`Qpw::describe`] |
 //!
 //! Waiting is the same story in each: a waiter on the [`FairLock`] or the [`RseqLock`]
 //! sleeps on a futex after a short spin (never spinning against a preempted holder of its own
