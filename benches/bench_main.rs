@@ -9,6 +9,7 @@
 //! | [`resctrl`] | 4. a pass over 750 counter files per read path, and the setup apart | `resctrl` |
 //! | [`pool`] | 5. hackbench messages/s through each buffer-pool design, 2-16 threads; 5b. the hook alone, 1-4 threads | `pool`, `pool_hook` |
 //! | [`reentry`] | 9. the release build's re-entrancy check on the requester's `lock`, against the same call without it (issue 31) | `reentry` |
+//! | [`cid`] | 10. state per concurrency id against per-CPU state: the owner's operation and a drain's walk (issue 41) | `cid` |
 //!
 //! Run everything:
 //!
@@ -29,6 +30,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 
 mod caches;
+mod cid;
 mod drain;
 mod local;
 mod pool;
@@ -48,7 +50,7 @@ criterion_group! {
     name = benches;
     config = config();
     targets = local::bench, drain::bench, under_load::bench, resctrl::bench, pool::bench,
-        reentry::bench
+        reentry::bench, cid::bench
 }
 criterion_main!(benches);
 

@@ -118,11 +118,30 @@ pub(crate) fn unavailable_reason() -> Option<&'static str> {
 }
 
 /// Where ids come from in this process: `mm_cid` where it can be read, else CPU numbers.
+#[inline]
 pub fn source() -> IdSource {
-    if unavailable_reason().is_none() {
+    #[cfg(not(loom))]
+    {
+        // The decision, cached in one byte for the owner's path: 0 unknown, 1 mm_cid, 2 CPUs.
+        static CACHED: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+        match CACHED.load(std::sync::atomic::Ordering::Relaxed) {
+            1 => IdSource::MmCid,
+            2 => IdSource::Cpu,
+            _ => {
+                let source = if unavailable_reason().is_none() {
+                    IdSource::MmCid
+                } else {
+                    IdSource::Cpu
+                };
+                let byte = if source == IdSource::MmCid { 1 } else { 2 };
+                CACHED.store(byte, std::sync::atomic::Ordering::Relaxed);
+                source
+            }
+        }
+    }
+    #[cfg(loom)]
+    {
         IdSource::MmCid
-    } else {
-        IdSource::Cpu
     }
 }
 
@@ -148,7 +167,7 @@ pub fn status() -> String {
 pub fn current() -> Option<usize> {
     #[cfg(not(loom))]
     {
-        if unavailable_reason().is_none() {
+        if source() == IdSource::MmCid {
             if let Some(area) = crate::rseq::area() {
                 // SAFETY: (1) `area` is the calling thread's registered `struct rseq`, which
                 // lives as long as the thread; the process's registration covers `mm_cid`

@@ -277,7 +277,8 @@ impl<T> PerCid<T> {
     fn slot(&self, id: usize) -> &Slot<T> {
         // An id past the table (it cannot come from the kernel) shares a slot: still correct,
         // since slots are locked.
-        let idx = id % self.table.slots.len();
+        let len = self.table.slots.len();
+        let idx = if id < len { id } else { id % len };
         let p = self.table.slots[idx].load(Ordering::Acquire);
         if p.is_null() {
             return self.make_slot(idx);

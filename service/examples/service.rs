@@ -39,8 +39,9 @@ enum Cmd {
         /// Load per cell: 2s, 500ms, 1m.
         #[arg(short = 'D', long, default_value = "2s")]
         duration: String,
-        /// How the scrape reaches the CPUs: work (per-CPU work, queued in queue mode) or walk
-        /// (the metrics thread takes each lock itself).
+        /// How the scrape reaches the CPUs: work (per-CPU work, queued in queue mode), walk
+        /// (the metrics thread takes each lock itself), or cid (the counts kept per
+        /// concurrency id, rseq's mm_cid, and the ids used walked).
         #[arg(long, default_value = "work")]
         scrape: Scrape,
         /// How the serving threads wait for requests: busy (spin on the socket, as a service
@@ -62,7 +63,7 @@ enum Cmd {
         /// Scrapes per second (0-100000).
         #[arg(long, default_value = "10")]
         scrape_rate: f64,
-        /// work or walk.
+        /// work, walk or cid.
         #[arg(long, default_value = "work")]
         scrape: Scrape,
         /// busy or block.

@@ -67,6 +67,11 @@ pub enum Scrape {
     Work,
     /// [`PerCpu::take_each`]: the metrics thread takes each CPU's lock itself, in every mode.
     Walk,
+    /// The counts and service times kept per concurrency id instead ([`qpw_core::PerCid`]:
+    /// rseq's `mm_cid`, one slot per thread that runs at once), and the metrics thread walks
+    /// the ids used ([`qpw_core::PerCid::take_each`]) from its own CPU, in every mode; the
+    /// reply buffers stay per CPU. The metrics' `cpu` label is then the id.
+    Cid,
 }
 
 impl std::str::FromStr for Scrape {
@@ -75,7 +80,8 @@ impl std::str::FromStr for Scrape {
         match s {
             "work" => Ok(Self::Work),
             "walk" => Ok(Self::Walk),
-            _ => Err(format!("--scrape {s}: must be `work` or `walk`")),
+            "cid" => Ok(Self::Cid),
+            _ => Err(format!("--scrape {s}: must be `work`, `walk` or `cid`")),
         }
     }
 }
@@ -124,13 +130,24 @@ struct CpuState {
     free: Vec<Vec<u8>>,
 }
 
-/// What one scrape takes from one CPU.
+/// One concurrency id's counts and service times (`--scrape cid`).
+#[derive(Debug)]
+struct IdStats {
+    requests: u64,
+    service_ns: Histogram<u64>,
+}
+
+/// What one scrape takes from one CPU (or id).
 type Taken = (u64, Histogram<u64>);
 
 fn take(state: &mut CpuState) -> Taken {
-    let hist = state.service_ns.clone();
-    state.service_ns.reset();
-    (std::mem::take(&mut state.requests), hist)
+    take_counts(&mut state.requests, &mut state.service_ns)
+}
+
+fn take_counts(requests: &mut u64, service_ns: &mut Histogram<u64>) -> Taken {
+    let hist = service_ns.clone();
+    service_ns.reset();
+    (std::mem::take(requests), hist)
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -306,6 +323,12 @@ impl Service {
             service_ns: histogram(),
             free: Vec::new(),
         });
+        let by_id = (cfg.scrape == Scrape::Cid).then(|| {
+            qpw.per_cid(|_| IdStats {
+                requests: 0,
+                service_ns: histogram(),
+            })
+        });
         let stop = Arc::new(AtomicBool::new(false));
         let mut servers = Vec::new();
         for cpu in serving.iter() {
@@ -318,9 +341,10 @@ impl Service {
             let addr = sock.local_addr()?;
             let tid = Arc::new(AtomicI32::new(0));
             let (qpw2, state, stop, tid2) = (qpw.clone(), state.clone(), stop.clone(), tid.clone());
+            let by_id = by_id.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("serve/{cpu}"))
-                .spawn(move || serve(&qpw2, cpu, &sock, &state, &stop, &tid2))?;
+                .spawn(move || serve(&qpw2, cpu, &sock, &state, by_id.as_ref(), &stop, &tid2))?;
             servers.push(Server {
                 cpu,
                 addr,
@@ -364,6 +388,19 @@ impl Service {
                 let (state, metrics) = (state.clone(), metrics.clone());
                 Arc::new(move || {
                     let taken = state.take_each(|_cpu, s| take(s));
+                    lock(&metrics).add(taken);
+                    Ok(())
+                })
+            }
+            Scrape::Cid => {
+                let (by_id, metrics) = (by_id.clone(), metrics.clone());
+                Arc::new(move || {
+                    let Some(by_id) = &by_id else {
+                        return Ok(());
+                    };
+                    let taken = by_id
+                        .take_each(|s| take_counts(&mut s.requests, &mut s.service_ns))
+                        .map_err(|e| anyhow!("a scrape failed: {e}"))?;
                     lock(&metrics).add(taken);
                     Ok(())
                 })
@@ -569,6 +606,7 @@ fn serve(
     cpu: usize,
     sock: &UdpSocket,
     state: &PerCpu<CpuState>,
+    by_id: Option<&qpw_core::PerCid<IdStats>>,
     stop: &AtomicBool,
     tid: &AtomicI32,
 ) -> Result<(u64, Histogram<u64>)> {
@@ -602,13 +640,22 @@ fn serve(
         reply.extend_from_slice(&rx[..n]);
         // A reply that cannot be sent is the client's loss, not the server's: counted served.
         let _ = sock.send_to(&reply, from);
+        let service_ns = start.elapsed().as_nanos().max(1) as u64;
         let mut s = state.lock_local()?;
-        s.requests += 1;
-        let _ = s
-            .service_ns
-            .record(start.elapsed().as_nanos().max(1) as u64);
         s.free.push(reply);
-        drop(s);
+        match by_id {
+            // `--scrape cid`: the counts go to this thread's id's slot.
+            Some(by_id) => {
+                drop(s);
+                let mut id = by_id.lock_local()?;
+                id.requests += 1;
+                let _ = id.service_ns.record(service_ns);
+            }
+            None => {
+                s.requests += 1;
+                let _ = s.service_ns.record(service_ns);
+            }
+        }
         served += 1;
         // The send time comes from the network: a datagram that is not a request has none,
         // and a time in the future counts as no wait.
@@ -1006,6 +1053,7 @@ mod tests {
             .to_string()
             .contains("queue, remote, fenced or auto"));
         assert_eq!("walk".parse::<Scrape>(), Ok(Scrape::Walk));
+        assert_eq!("cid".parse::<Scrape>(), Ok(Scrape::Cid));
         assert!("both".parse::<Scrape>().is_err());
     }
 }

@@ -11,7 +11,11 @@ use qpw_service::{load, run_one, Config, Poll, Scrape, Service};
 #[test]
 fn nothing_lost_or_doubled_in_any_mode() {
     for mode in ["queue", "remote", "fenced", "auto"] {
-        for (scrape, poll) in [(Scrape::Work, Poll::Busy), (Scrape::Walk, Poll::Block)] {
+        for (scrape, poll) in [
+            (Scrape::Work, Poll::Busy),
+            (Scrape::Walk, Poll::Block),
+            (Scrape::Cid, Poll::Busy),
+        ] {
             let r = run_one(
                 mode,
                 1000.0,
