@@ -32,7 +32,11 @@ fn main() -> Result<(), qpw_core::Error> {
         let stop = AtomicBool::new(false);
         std::thread::scope(|s| {
             for t in 0..threads {
-                let cpu = qpw.cpus().iter().nth(t % cpus).expect("a CPU of the instance");
+                let cpu = qpw
+                    .cpus()
+                    .iter()
+                    .nth(t % cpus)
+                    .expect("a CPU of the instance");
                 let (barrier, stop, by_id, by_cpu) = (&barrier, &stop, &by_id, &by_cpu);
                 s.spawn(move || {
                     qpw_core::pin_current_thread(cpu).expect("pin to an allowed CPU");
