@@ -323,7 +323,7 @@ fn spin_until(budget_ns: u32, mut done: impl FnMut() -> bool) {
     while !done() {
         crate::sync::spin_loop();
         spins = spins.wrapping_add(1);
-        if spins % 16 == 0 && start.elapsed().as_nanos() >= u128::from(budget_ns) {
+        if spins.is_multiple_of(16) && start.elapsed().as_nanos() >= u128::from(budget_ns) {
             return;
         }
     }

@@ -87,7 +87,7 @@ impl RseqLock {
             } else {
                 SPIN_NS
             };
-            if spins % 16 == 0 {
+            if spins.is_multiple_of(16) {
                 let now = Instant::now();
                 let since = *start.get_or_insert(now);
                 if now.duration_since(since).as_nanos() >= u128::from(limit_ns)
