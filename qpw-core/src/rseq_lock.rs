@@ -254,8 +254,11 @@ impl fmt::Display for LocalLockKind {
 pub struct RseqLock {
     /// The physical CPU whose threads may commit plain stores to `word`; `FALLBACK_CPU` in the
     /// fallback and `NO_CPU` for a lock of no CPU, which no `cpu_id` ever equals, so that the
-    /// hot path can run the sequence first and look at `fallback` only when it fails.
-    cpu: u32,
+    /// hot path can run the sequence first and look at `fallback` only when it fails
+    /// ([`on_cpu`](Self::on_cpu)). It never changes, but the owner's release sequence
+    /// stores it again, with the word, in one 8-byte store (`section.rs`, `give_back`), so it
+    /// is an atomic: a std one in both builds, since no protocol of ours is in its value.
+    cpu: std::sync::atomic::AtomicU32,
     word: AtomicU32,
     /// `cpu` again, beside `waiters`, for the release sequence's one load.
     release_cpu: u32,
@@ -288,6 +291,13 @@ pub struct RseqLock {
 }
 
 impl RseqLock {
+    /// The physical CPU whose threads may commit plain stores to the word (`FALLBACK_CPU` in
+    /// the fallback, `NO_CPU` for a lock of no CPU).
+    #[inline(always)]
+    fn on_cpu(&self) -> u32 {
+        self.cpu.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Records the call made for the flag now in the word (its requester, under the side
     /// mutex).
     fn set_flag_call(&self, call: u64) {
@@ -305,7 +315,7 @@ impl RseqLock {
 impl fmt::Debug for RseqLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RseqLock")
-            .field("cpu", &self.cpu)
+            .field("cpu", &self.on_cpu())
             .field("word", &self.word.load(Ordering::Relaxed))
             .field("kind", &Self::kind())
             .finish()
@@ -332,7 +342,7 @@ impl RseqLock {
     /// The physical CPU this lock belongs to, if any (none in the fallback, where it does not
     /// matter).
     pub fn cpu(&self) -> Option<usize> {
-        (self.cpu < FALLBACK_CPU).then_some(self.cpu as usize)
+        (self.on_cpu() < FALLBACK_CPU).then_some(self.on_cpu() as usize)
     }
 
     /// One attempt from wherever the thread runs: the sequence, or the requester's path.
@@ -399,7 +409,7 @@ unsafe impl RawLocalLock for RseqLock {
                 .unwrap_or(NO_CPU)
         };
         Self {
-            cpu,
+            cpu: std::sync::atomic::AtomicU32::new(cpu),
             word: AtomicU32::new(FREE),
             release_cpu: cpu,
             waiters: AtomicU32::new(0),

@@ -180,7 +180,7 @@ unsafe fn take(area: Area, lock: &RseqLock) -> Section {
             // The abort handler, out of line, with the signature just before it.
             abort_to!(),
             area = in(reg) area.as_ptr(),
-            cpu = in(reg) lock.cpu,
+            cpu = in(reg) lock.on_cpu(),
             lock = in(reg) lock,
             word = const std::mem::offset_of!(RseqLock, word),
             tmp = out(reg) _,
@@ -256,13 +256,18 @@ unsafe fn give_back(area: Area, lock: *const RseqLock) -> Release {
     // SAFETY: as in `take`, points (1), (2), (3) and (6), for another descriptor; (4) the
     // commit, the store of `FREE`, is the last instruction of the critical section, and the
     // early exit leaves before it; (5) `lock` is a live lock (premise 2), 8-byte aligned with
-    // `release_cpu` at offset 8 and `waiters` at 12 and `word` at 4 (checked at compile time,
-    // below), so the 8-byte load of `release_cpu` and `waiters` is in bounds and single-copy
-    // atomic; it equals the zero-extended `cpu_id` only when the thread runs on the lock's CPU
-    // and the count is 0, as `take_owned`'s compare. The caller holds the lock, so no other
+    // `release_cpu` at offset 8 and `waiters` at 12, `cpu` at 0 and `word` at 4 (checked at
+    // compile time, below), so the 8-byte load of `release_cpu` and `waiters` and the 8-byte
+    // store of `cpu` and `word` are in bounds and single-copy atomic. The load equals the
+    // zero-extended `cpu_id` only when the thread runs on the lock's CPU and the count is 0,
+    // as `take_owned`'s compare; then `tmp` holds the lock's CPU (`release_cpu` is `cpu`,
+    // and neither ever changes), so the store writes `cpu` its own value (an atomic, which
+    // Rust code only loads) and `FREE` into the word. The caller holds the lock, so no other
     // party stores to the word (`rseq_lock`'s module docs), and the committing store is a
-    // plain 4-byte `mov` (a release store on x86-64, after the critical section's accesses,
-    // which the asm block's implicit memory clobber keeps before it).
+    // plain `mov` (a release store on x86-64, after the critical section's accesses, which
+    // the asm block's implicit memory clobber keeps before it). It covers the 8 bytes that
+    // the next `take_owned` loads, so that load can be forwarded from it; a 4-byte store of
+    // the word alone could not be, and stalled a tight loop of lock and release.
     unsafe {
         std::arch::asm!(
             descriptor_and_arm!(),
@@ -271,14 +276,15 @@ unsafe fn give_back(area: Area, lock: *const RseqLock) -> Release {
             "mov {tmp:e}, dword ptr [{area} + 4]",
             "cmp qword ptr [{lock} + {release_cpu}], {tmp}",
             "jne {slow}",
-            // Commit FREE.
-            "mov dword ptr [{lock} + {word}], 0",
+            // Commit FREE: `cpu | FREE << 32`, the CPU (`tmp`, which equals it) and the word
+            // in one store, which the next acquire's one load of both can be forwarded from.
+            "mov qword ptr [{lock} + {cpu}], {tmp}",
             "5:",
             abort_to!(),
             area = in(reg) area.as_ptr(),
             lock = in(reg) lock,
             release_cpu = const std::mem::offset_of!(RseqLock, release_cpu),
-            word = const std::mem::offset_of!(RseqLock, word),
+            cpu = const std::mem::offset_of!(RseqLock, cpu),
             tmp = out(reg) _,
             slow = label { return Release::Slow },
             aborted = label { return Release::Aborted },
@@ -521,7 +527,7 @@ impl RseqLock {
     /// whose load has gone stale.
     #[cfg(loom)]
     pub(super) fn section(&self) -> Section {
-        if crate::rseq::mock::current() != Some(self.cpu as usize) {
+        if crate::rseq::mock::current() != Some(self.on_cpu() as usize) {
             return Section::WrongCpu;
         }
         let started = self.mock.start();
@@ -543,7 +549,7 @@ impl RseqLock {
     /// The mocked release sequence: start, the load of the waiter count, the commit.
     #[cfg(loom)]
     pub(super) fn release_section(&self) -> Release {
-        if crate::rseq::mock::current() != Some(self.cpu as usize) {
+        if crate::rseq::mock::current() != Some(self.on_cpu() as usize) {
             return Release::Slow;
         }
         let started = self.mock.start();
@@ -563,7 +569,7 @@ impl RseqLock {
     /// Aborts the sequences running on the lock's CPU and orders our stores before later ones.
     #[cfg(not(loom))]
     pub(super) fn fence_cpu(&self) -> std::io::Result<()> {
-        crate::rseq::fence_cpu(self.cpu as usize)
+        crate::rseq::fence_cpu(self.on_cpu() as usize)
     }
 
     #[cfg(loom)]
