@@ -44,11 +44,15 @@ const _: () = {
 };
 
 /// A per-CPU counter behind the hand-written lock. Neither `Send` nor `Sync`: the thread that
-/// made it (and found its rseq registration) is the only one that uses it.
+/// made it (and found its rseq registration) is the only one that uses it. `repr(C)`: the
+/// sequence loads `offset` and `base` itself.
+#[repr(C)]
 pub(crate) struct Floor {
     /// glibc's `__rseq_offset`: the thread's `struct rseq` is at this offset from the thread
     /// pointer (`fs`).
     offset: isize,
+    /// The first slot of `slots`.
+    base: *const FloorSlot,
     slots: Box<[FloorSlot]>,
     _this_thread: PhantomData<*const ()>,
 }
@@ -78,14 +82,16 @@ impl Floor {
         if size < 16 {
             return None;
         }
+        let slots: Box<[FloorSlot]> = (0..SLOTS)
+            .map(|_| FloorSlot {
+                word: UnsafeCell::new(0),
+                n: UnsafeCell::new(0),
+            })
+            .collect();
         let floor = Floor {
             offset,
-            slots: (0..SLOTS)
-                .map(|_| FloorSlot {
-                    word: UnsafeCell::new(0),
-                    n: UnsafeCell::new(0),
-                })
-                .collect(),
+            base: slots.as_ptr(),
+            slots,
             _this_thread: PhantomData,
         };
         // A thread without a registration reads `cpu_id` -1 or -2.
@@ -117,22 +123,25 @@ impl Floor {
     #[inline(always)]
     pub(crate) fn increment(&self) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: (1) the `struct rseq` at `offset` from `fs` is the calling thread's (the
-        // floor is neither `Send` nor `Sync`, and `new` found the thread registered), so
-        // `cpu_id` (byte 4) and `rseq_cs` (byte 8) are in bounds and the thread may arm a
-        // sequence through `rseq_cs`. (2) The descriptor is emitted 32-byte aligned into
-        // `__rseq_cs` and lives for the whole program. (3) The abort handler is outside the
-        // critical section [4, 5) (in `__rseq_failure`), preceded by glibc's signature
-        // (RSEQ_SIG, the operand of a `ud1`), and re-runs the sequence from the arming. (4)
-        // The commit (the store of 1 to the word) is the critical section's last
+        // SAFETY: (0) `this` is the floor, borrowed, whose `offset` and `base` (a pointer to
+        // the first of `slots`, which the floor owns) the sequence loads first, at their
+        // `repr(C)` offsets. (1) The `struct rseq` at `offset` from `fs` is the calling
+        // thread's (the floor is neither `Send` nor `Sync`, and `new` found the thread
+        // registered), so `cpu_id` (byte 4) and `rseq_cs` (byte 8) are in bounds and the
+        // thread may arm a sequence through `rseq_cs`. (2) The descriptor is emitted 32-byte
+        // aligned into `__rseq_cs` and lives for the whole program. (3) The abort handler is
+        // outside the critical section [4, 5) (in `__rseq_failure`), preceded by glibc's
+        // signature (RSEQ_SIG, the operand of a `ud1`), and re-runs the sequence from the
+        // arming. (4) The commit (the store of 1 to the word) is the critical section's last
         // instruction; the early exits leave before it (the busy exit to the caller's label,
-        // the trap of a thread with no CPU to an `ud2`, out of line). (5) `cpu_id` is checked
+        // a thread with no CPU number to an `ud2`, out of line). (5) `cpu_id` is checked
         // against the number of slots before it indexes them, so every access is inside
-        // `slots`, a live allocation; the word is taken only by a committed sequence of its CPU (two
-        // sequences of one CPU exclude each other: the kernel aborts one preempted between
-        // its load and its store) and released only by its holder, so the plain stores
-        // cannot race, and the counter is touched only under the word. (6) No stack is used;
-        // flags and `idx` are declared clobbered; the inputs are never written.
+        // `slots`, a live allocation; the word is taken only by a committed sequence of its
+        // CPU (two sequences of one CPU exclude each other: the kernel aborts one preempted
+        // between its load and its store) and released only by its holder, so the plain
+        // stores cannot race, and the counter is touched only under the word. (6) No stack is
+        // used; flags, `off`, `base` and `idx` are declared clobbered; the input is never
+        // written.
         unsafe {
             std::arch::asm!(
                 ".pushsection __rseq_cs, \"aw\"",
@@ -141,6 +150,8 @@ impl Floor {
                 ".long 0, 0",
                 ".quad 4f, (5f - 4f), 6f",
                 ".popsection",
+                "mov {off}, qword ptr [{this} + {offset}]",
+                "mov {base}, qword ptr [{this} + {first}]",
                 "2:",
                 "lea {idx}, [rip + 3b]",
                 "mov qword ptr fs:[{off} + 8], {idx}",
@@ -165,8 +176,11 @@ impl Floor {
                 "6:",
                 "jmp 2b",
                 ".popsection",
-                off = in(reg) self.offset,
-                base = in(reg) self.slots.as_ptr(),
+                this = in(reg) self,
+                offset = const std::mem::offset_of!(Floor, offset),
+                first = const std::mem::offset_of!(Floor, base),
+                off = out(reg) _,
+                base = out(reg) _,
                 idx = out(reg) _,
                 slots = const SLOTS,
                 // Another thread of this CPU holds the word (none does in the benches).
