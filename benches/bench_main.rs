@@ -30,6 +30,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 
 mod caches;
 mod drain;
+mod floor;
 mod local;
 mod pool;
 mod reentry;
