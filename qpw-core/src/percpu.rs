@@ -253,33 +253,38 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
                     None => {}
                 }
             }
-            // Everything else, and every error, in one cold call with no argument to set up:
-            // the caller's `Result` is then made in one place on each way out.
-            (self.lock_local_slow()?, Taken::Slow)
+            // Everything else, and every error, in one call with no argument to set up (an
+            // unbound thread's fast path, where it runs now, included): the caller's `Result`
+            // is then made in one place on each way out.
+            let (slot, how) = self.lock_local_slow()?;
+            (slot, how.taken())
         };
-        // The guard is made here, not in the cold call, so that on every way out the
+        // The guard is made here, not in the call, so that on every way out the
         // compiler sees how it will be released: the drop's tests then fold away, and the
         // owner's release stays inline.
         Ok(match owned {
-            Taken::Path(path) => PerCpuGuard::owned(slot, path),
+            Taken::Path(path) => PerCpuGuard::owned(slot, path.area()),
+            Taken::Area(area) => PerCpuGuard::owned(slot, area),
             Taken::Plain => PerCpuGuard::plain(slot),
             Taken::Slow => PerCpuGuard::new(slot),
         })
     }
 
-    /// `lock_local` when its first try did not take the lock, and for a thread that is not
-    /// bound to this instance. A bound thread's slot's lock is taken by the lock's own slow
-    /// path from where the first try left it (after a restartable sequence's miss, what
-    /// `lock_on_current_cpu` does after its first try); an unbound thread's by
-    /// `lock_on_current_cpu`, on the CPU it runs on now (physical instances; else the error).
-    /// When the thread turns out to run elsewhere than the CPU it read or is bound to (only a
-    /// lock that checks where the thread runs, such as [`RseqLock`](crate::RseqLock), says
-    /// so), [`lock_local_migrated`](Self::lock_local_migrated). Returns the slot whose lock
-    /// the caller now holds. Out of line, so that the fast path keeps no register for it.
-    #[cold]
+    /// `lock_local` when a bound thread's first try did not take the lock, and for a thread
+    /// that is not bound to this instance. A bound thread's slot's lock is taken by the lock's
+    /// own slow path from where the first try left it (after a restartable sequence's miss,
+    /// what `lock_on_current_cpu` does after its first try). An unbound thread's slot is the
+    /// one of the CPU it runs on now (physical instances; else the error), taken as a bound
+    /// thread's is: the owner's fast path with the thread's area, or the lock's own; then its
+    /// slow path. When the thread turns out to run elsewhere than the CPU it read or is bound
+    /// to (only a lock that checks where the thread runs, such as
+    /// [`RseqLock`](crate::RseqLock), says so), [`lock_local_migrated`]
+    /// (Self::lock_local_migrated). Returns the slot whose lock the caller now holds, and how
+    /// to release it. Out of line, so that a bound thread's fast path keeps no register for
+    /// it; an unbound thread's release stays inline.
     #[inline(never)]
     #[track_caller]
-    fn lock_local_slow(&self) -> Result<&Slot<T, L>> {
+    fn lock_local_slow(&self) -> Result<(&Slot<T, L>, Unbound)> {
         let (slot, attempt) = match crate::instance::bound_here(self.local.id) {
             // Bound: the fast path's first try missed.
             Some(here) => {
@@ -290,15 +295,28 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
                 }
             }
             None => {
-                let slot = self.slot_at(self.here().ok_or_else(|| self.unbound())?.idx());
+                let here = self.here().ok_or_else(|| self.unbound())?;
+                let slot = self.slot_at(here.idx());
                 slot.not_held_here_debug(slot.cpu)?;
-                (slot, slot.lock.lock_on_current_cpu())
+                match slot.lock.as_rseq() {
+                    Some(rseq) => {
+                        let path = crate::rseq_lock::OwnerPath::new(rseq, here.area());
+                        if path.try_take() {
+                            return Ok((slot, Unbound::sequence(here.area())));
+                        }
+                        (slot, rseq.acquire_slow(true))
+                    }
+                    None => match slot.lock.lock_on_current_cpu() {
+                        LocalAttempt::Locked => return Ok((slot, Unbound::PLAIN)),
+                        elsewhere => (slot, elsewhere),
+                    },
+                }
             }
         };
         if attempt == LocalAttempt::Locked {
-            return Ok(slot);
+            return Ok((slot, Unbound::SLOW));
         }
-        self.lock_local_migrated()
+        Ok((self.lock_local_migrated()?, Unbound::SLOW))
     }
 
     /// `lock_local` after the thread turned out to run elsewhere than the CPU it read: take
@@ -748,7 +766,7 @@ impl<'a, T, L: RawLocalLock> BoundSlot<'a, T, L> {
             // whole slot (`bound_slot`): the slot, borrowed for `'a`. (The same as
             // `self.slot`, without its load.)
             let slot = unsafe { &*self.path.lock_ptr().cast::<Slot<T, L>>() };
-            return PerCpuGuard::owned(slot, self.path);
+            return PerCpuGuard::owned(slot, self.path.area());
         }
         // A lock without restartable sequences (a `FairLock`): its own fast path, inline.
         if self.slot.lock.as_rseq().is_none() {
@@ -823,9 +841,38 @@ enum Release {
     Slow { mark: u32 },
 }
 
+/// How `lock_local_slow` took its lock, in one word beside the slot: `SLOW` (out of line),
+/// `PLAIN` (a `FairLock`'s own fast path), or the address of the thread's rseq area (the
+/// owner's fast path of an unbound thread; never 0 or 1).
+#[derive(Debug, Clone, Copy)]
+struct Unbound(*const u8);
+
+impl Unbound {
+    const SLOW: Unbound = Unbound(std::ptr::null());
+    const PLAIN: Unbound = Unbound(std::ptr::without_provenance(1));
+
+    fn sequence(area: crate::rseq::Area) -> Unbound {
+        Unbound(area.as_ptr())
+    }
+
+    /// The case, as `lock_local`'s fast path ends.
+    #[inline(always)]
+    fn taken<'a>(self) -> Taken<'a> {
+        match self.0.addr() {
+            0 => Taken::Slow,
+            1 => Taken::Plain,
+            // SAFETY: the calling thread's area (`sequence`), made on this thread by the call
+            // that returned it.
+            _ => Taken::Area(unsafe { crate::rseq::Area::from_ptr(self.0) }),
+        }
+    }
+}
+
 /// How `lock_local`'s fast path ended (`Release`'s cases, before the guard is made).
 enum Taken<'a> {
     Path(crate::rseq_lock::OwnerPath<'a>),
+    /// As `Path`, for an unbound thread: the area the path had.
+    Area(crate::rseq::Area),
     Plain,
     Slow,
 }
@@ -846,13 +893,14 @@ impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
         guard
     }
 
-    /// An owner's guard whose lock `path` took ([`OwnerPath::try_take`]
-    /// (crate::rseq_lock::OwnerPath::try_take) returned `true`): released by the same path.
+    /// An owner's guard whose lock the owner's fast path took with the thread's `area`
+    /// ([`OwnerPath::try_take`](crate::rseq_lock::OwnerPath::try_take) returned `true`):
+    /// released by the same path.
     #[inline(always)]
     #[track_caller]
-    fn owned(slot: &'a Slot<T, L>, path: crate::rseq_lock::OwnerPath<'a>) -> Self {
+    fn owned(slot: &'a Slot<T, L>, area: crate::rseq::Area) -> Self {
         let mut guard = Self::new(slot);
-        guard.release = Release::Sequence(path.area());
+        guard.release = Release::Sequence(area);
         guard
     }
 

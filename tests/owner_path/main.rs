@@ -10,8 +10,8 @@
 //!   instruction, no `xchg` with memory), and remote and queue mode's (`FairLock`, through the
 //!   same default lock) exactly two, its compare-and-swap pair;
 //! - no path is longer than its budget: issue 42's goal where it is met (fenced
-//!   `BoundSlot::lock` at most 20, `lock_local` at most 30), else the shortest count reached
-//!   (rustc 1.95.0; `docs/results.md`, 6e, says what each instruction is for).
+//!   `BoundSlot::lock` at most 20), else the shortest count reached (rustc 1.95.0;
+//!   `docs/results.md`, 6e, says what each instruction is for).
 //!
 //! Beside the framework's paths it counts **the floor** (`benches/floor.rs`, included here): a
 //! hand-written restartable-sequence per-CPU increment with a lock word, the shortest path a
@@ -135,11 +135,12 @@ mod count {
     }
 
     // Issue 42's goals, where they hold: fenced `BoundSlot::lock` at most 20 instructions
-    // (19 reached), `lock_local` at most 30 (`RseqLock` with `?`: 30). Where a path is longer,
-    // its budget is the shortest reached, with rustc 1.95.0 (before issue 42, at b276860:
-    // fenced `BoundSlot::lock` 54, `lock_local` 88, remote 60 and 26, `RseqLock` 83, all
-    // `if let`); docs/results.md, 6e, says what each of their instructions is for. Remote
-    // mode's `BoundSlot::lock` had no goal; it went from 26 to 23.
+    // (19 reached). `lock_local`'s goal of 30 is not met: each budget is the count reached
+    // with rustc 1.95.0 (before issue 42, at b276860: fenced `BoundSlot::lock` 54,
+    // `lock_local` 88, remote 60 and 26, `RseqLock` 83, all `if let`); docs/results.md, 6e,
+    // says what each of their instructions is for. (`RseqLock` with `?` was 30 until an
+    // unbound thread's release was made inline again, which moved two jumps and a register
+    // onto it.) Remote mode's `BoundSlot::lock` had no goal; it went from 26 to 23.
 
     const FLOOR: Case = Case {
         name: "floor: hand-written restartable-sequence increment",
@@ -156,13 +157,13 @@ mod count {
     const FENCED_LOCK_LOCAL_TRY: Case = Case {
         name: "fenced, lock_local? + release",
         symbol: "qpw_probe_lock_local_try",
-        budget: 36,
+        budget: 38,
         locked: 0,
     };
     const FENCED_LOCK_LOCAL: Case = Case {
         name: "fenced, lock_local + release (if let)",
         symbol: "qpw_probe_lock_local",
-        budget: 38,
+        budget: 39,
         locked: 0,
     };
     const REMOTE_BOUND_SLOT: Case = Case {
@@ -174,7 +175,7 @@ mod count {
     const REMOTE_LOCK_LOCAL_TRY: Case = Case {
         name: "remote (FairLock), lock_local? + release",
         symbol: "qpw_probe_lock_local_try",
-        budget: 32,
+        budget: 33,
         locked: 2,
     };
     const REMOTE_LOCK_LOCAL: Case = Case {
@@ -186,7 +187,7 @@ mod count {
     const QUEUE_LOCK_LOCAL_TRY: Case = Case {
         name: "queue (FairLock), lock_local? + release",
         symbol: "qpw_probe_lock_local_try",
-        budget: 32,
+        budget: 33,
         locked: 2,
     };
     const QUEUE_LOCK_LOCAL: Case = Case {
@@ -198,7 +199,7 @@ mod count {
     const RSEQ_LOCK_LOCAL_TRY: Case = Case {
         name: "queue, RseqLock named, lock_local? + release",
         symbol: "qpw_probe_rseq_lock_local_try",
-        budget: 30,
+        budget: 32,
         locked: 0,
     };
     const RSEQ_LOCK_LOCAL: Case = Case {
