@@ -815,7 +815,12 @@ impl<T, L: RawLocalLock> fmt::Debug for BoundSlot<'_, T, L> {
 pub struct PerCpuGuard<'a, T, L: RawLocalLock = PwLock> {
     /// The slot, whose lock the guard holds.
     slot: &'a Slot<T, L>,
-    /// How the drop releases the hold.
+    /// How the drop releases the hold, decided where the guard is made: where the compiler
+    /// sees it made (the owner's calls, inlined into the caller) the drop's `match` folds
+    /// away; where the guard goes through memory (a `Result` kept until after the guard is
+    /// dropped) it costs a store or two. Issue 31 counted the alternatives for the
+    /// requester's mark, issue 42 those for the owner's releases (`tests/owner_path`;
+    /// `docs/results.md`, 6e).
     release: Release,
     #[cfg(all(debug_assertions, not(loom)))]
     holder: &'a crate::sync::Unmodelled64,
