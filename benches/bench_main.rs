@@ -32,6 +32,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 mod caches;
 mod cid;
 mod drain;
+mod floor;
 mod local;
 mod pool;
 mod reentry;

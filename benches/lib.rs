@@ -88,8 +88,24 @@ pub const LOCAL: &str = "local";
 pub const LOCAL_IDS: &[(&str, &str)] = &[
     ("tls_cell", "bare thread-local `Cell<u64>` increment (baseline)"),
     (
+        "tls_cell_call",
+        "the same through a call the compiler may not inline (issue 42)",
+    ),
+    (
         "atomic_lock",
         "bare uncontended CAS spin word: lock + increment + unlock (baseline)",
+    ),
+    (
+        "atomic_lock_call",
+        "the same through a call (issue 42's baseline for the atomic paths)",
+    ),
+    (
+        "floor",
+        "the floor (issue 42, `benches/floor.rs`): one hand-written restartable sequence (`cpu_id`, slot, lock word) + increment + release store",
+    ),
+    (
+        "floor_call",
+        "the floor through a call (issue 42's baseline for the paths without atomics)",
     ),
     (
         "fair_lock",
@@ -109,14 +125,20 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
         "rseq_lock",
         "bare `qpw_core::RseqLock` of the pinned caller's CPU: lock + increment + unlock",
     ),
+    ("rseq_lock_call", "the same through a call"),
     (
         "percpu_queue_bound",
         "`PerCpu::lock_local` + increment + unlock, queue mode, thread bound (`Qpw::bind_current`)",
     ),
     (
+        "percpu_queue_bound_call",
+        "the same through a call (`*state.lock_local()? += 1` in an `#[inline(never)]` function: `tests/owner_path`'s `lock_local?` probe)",
+    ),
+    (
         "percpu_remote_bound",
         "`PerCpu::lock_local` + increment + unlock, remote mode, thread bound",
     ),
+    ("percpu_remote_bound_call", "the same through a call"),
     (
         "percpu_queue_unbound",
         "`PerCpu::lock_local` + increment + unlock, queue mode, unbound thread (CPU from the rseq area, else `sched_getcpu`)",
@@ -129,6 +151,7 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
         "percpu_rseq_bound",
         "`PerCpu<_, RseqLock>::lock_local` + increment + unlock (queue mode only), thread bound",
     ),
+    ("percpu_rseq_bound_call", "the same through a call"),
     (
         "percpu_rseq_unbound",
         "`PerCpu<_, RseqLock>::lock_local` + increment + unlock (queue mode only), unbound thread",
@@ -145,10 +168,12 @@ pub const LOCAL_IDS: &[(&str, &str)] = &[
         "percpu_fenced_bound",
         "`PerCpu::lock_local` + increment + unlock, fenced mode (`Policy::Fenced`: a `FencedLock` per slot, issue 15), thread bound",
     ),
+    ("percpu_fenced_bound_call", "the same through a call"),
     (
         "percpu_fenced_bound_slot",
         "`BoundSlot::lock` + increment + unlock, fenced mode: the bound thread's slot looked up once (`PerCpu::bound_slot`)",
     ),
+    ("percpu_fenced_bound_slot_call", "the same through a call"),
     (
         "percpu_fenced_lock_bound",
         "`PerCpu<_, FencedLock>::lock_local` + increment + unlock, fenced mode with the lock named (`per_cpu_with`), thread bound",
@@ -212,6 +237,116 @@ pub const FAST_PATH_BOUNDS: &[(&str, &str, f64, &str)] = &[
         "a bare relaxed load (issue 34: the owner's poll when nobody has called)",
     ),
 ];
+
+/// Issue 42's pairs within [`LOCAL`]: (the path inlined into the loop, the same through a
+/// call, what it is, the baseline its call is held to: `floor_call` for the paths without
+/// atomics, `atomic_lock_call` for the compare-and-swap paths; none for the baselines).
+pub const OWNER_CALLS: &[(&str, &str, &str, Option<&str>)] = &[
+    (
+        "floor",
+        "floor_call",
+        "the floor: hand-written sequence",
+        None,
+    ),
+    (
+        "tls_cell",
+        "tls_cell_call",
+        "bare thread-local increment",
+        None,
+    ),
+    (
+        "atomic_lock",
+        "atomic_lock_call",
+        "bare CAS spin word",
+        None,
+    ),
+    (
+        "rseq_lock",
+        "rseq_lock_call",
+        "bare `RseqLock`",
+        Some("floor_call"),
+    ),
+    (
+        "percpu_fenced_bound_slot",
+        "percpu_fenced_bound_slot_call",
+        "fenced, `BoundSlot::lock`",
+        Some("floor_call"),
+    ),
+    (
+        "percpu_fenced_bound",
+        "percpu_fenced_bound_call",
+        "fenced, `lock_local`",
+        Some("floor_call"),
+    ),
+    (
+        "percpu_rseq_bound",
+        "percpu_rseq_bound_call",
+        "queue, `RseqLock` named, `lock_local`",
+        Some("floor_call"),
+    ),
+    (
+        "percpu_remote_bound",
+        "percpu_remote_bound_call",
+        "remote (`FairLock`), `lock_local`",
+        Some("atomic_lock_call"),
+    ),
+    (
+        "percpu_queue_bound",
+        "percpu_queue_bound_call",
+        "queue (`FairLock`), `lock_local`",
+        Some("atomic_lock_call"),
+    ),
+];
+
+/// Issue 42's bound: each owner path through a call within this many times its baseline's
+/// call ([`OWNER_CALLS`]).
+pub const OWNER_CALL_BOUND: f64 = 2.0;
+
+/// Issue 42's table: every owner path inlined into the loop and through a call, the call as a
+/// ratio to the floor's call and to the bare atomic lock's call, and whether it is within
+/// [`OWNER_CALL_BOUND`] of its baseline.
+pub fn owner_call_table(root: &Path) -> String {
+    let get = |id: &str| median_ns(root, LOCAL, id, None);
+    let (floor, atomic) = (get("floor_call"), get("atomic_lock_call"));
+    let mut table = Table::new(&[
+        "path",
+        "inlined loop",
+        "through a call",
+        "call ÷ floor's call",
+        "call ÷ atomic lock's call",
+        "bound",
+        "held",
+    ]);
+    for &(inlined, call, what, baseline) in OWNER_CALLS {
+        let m = get(call);
+        let (bound, held) = match baseline {
+            None => ("baseline".to_string(), "-".to_string()),
+            Some(base) => {
+                let held = match (m, get(base)) {
+                    (Some(m), Some(b)) if b > 0.0 => {
+                        if m / b <= OWNER_CALL_BOUND {
+                            "yes"
+                        } else {
+                            "**no**"
+                        }
+                    }
+                    _ => "not measured",
+                };
+                (format!("≤ {OWNER_CALL_BOUND}x `{base}`"), held.to_string())
+            }
+        };
+        table.row(&[
+            what.to_string(),
+            fmt_opt(get(inlined)),
+            fmt_opt(m),
+            fmt_ratio(m, floor),
+            fmt_ratio(m, atomic),
+            bound,
+            held,
+        ]);
+    }
+    table.finish()
+}
 
 /// Issue 7's bounds ([`FAST_PATH_BOUNDS`]) against the medians of one run of [`LOCAL`]:
 /// each ratio, the bound, and whether it held. For `percpu_rseq_unbound` a second row

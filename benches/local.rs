@@ -16,6 +16,16 @@
 //! | `percpu_fenced_bound_slot`: the same through `PerCpu::bound_slot` (the look-up done once) | `atomic_lock` | 1.0x |
 //! | `fenced_poll_quiet`: `Binding::poll` on a fenced CPU that nobody calls (issue 34) | `relaxed_load`: a bare relaxed load of an `AtomicU32` | 1.5x |
 //!
+//! Issue 42's benches are here too: the floor (`floor`, a hand-written restartable-sequence
+//! per-CPU increment, `benches/floor.rs`), and each owner path a second time through a call
+//! the compiler may not inline (`*_call`: `tls_cell`, `atomic_lock`, `floor`, `rseq_lock`,
+//! fenced `BoundSlot::lock`, and `lock_local` of the three modes and of the `RseqLock`),
+//! which is what `tests/owner_path` counts and what a service's one call per request pays;
+//! inlined into the loop, the compiler hoists the look-ups out of it. The `ratios` report's
+//! table 1c divides each call by the floor's call (`floor_call`) and by the bare atomic
+//! lock's (`atomic_lock_call`), and holds it to `qpw_benches::OWNER_CALL_BOUND` of its
+//! baseline (`qpw_benches::OWNER_CALLS`).
+//!
 //! Every bench times a plain loop of `iters` calls, each result through one `black_box`
 //! (`iter_custom` + [`looped`]). A first version used `b.iter(|| black_box(op()))`, which
 //! passes every result through `black_box` twice (criterion's `iter` adds its own): for
@@ -32,7 +42,11 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use qpw_benches::{Timing, LOCAL};
-use qpw_core::{CpuSpec, FairLock, FencedLock, Policy, Qpw, RawLocalLock, RseqLock};
+use qpw_core::{
+    BoundSlot, CpuSpec, FairLock, FencedLock, PerCpu, Policy, Qpw, RawLocalLock, RseqLock,
+};
+
+use crate::floor::Floor;
 
 thread_local! {
     static COUNTER: Cell<u64> = const { Cell::new(0) };
@@ -68,6 +82,53 @@ impl SpinWord {
     fn unlock(&self) {
         self.0.store(false, Ordering::Release);
     }
+}
+
+// Issue 42: each owner path once more through a call the compiler may not inline (what
+// `tests/owner_path` counts), beside the same path inlined into the loop, where the compiler
+// may hoist the look-ups out of it. Each is one call per iteration of `looped`.
+
+/// The bare thread-local increment, through a call.
+#[inline(never)]
+fn tls_cell_call() {
+    COUNTER.with(|c| c.set(c.get() + 1));
+}
+
+/// The bare atomic lock around the increment, through a call.
+#[inline(never)]
+fn atomic_lock_call(word: &SpinWord, n: &mut u64) {
+    word.lock();
+    *n += 1;
+    word.unlock();
+}
+
+/// The hand-written floor (`benches/floor.rs`), through a call.
+#[inline(never)]
+fn floor_call(floor: &Floor) {
+    floor.increment();
+}
+
+/// A bare `RseqLock` around the increment, through a call.
+#[inline(never)]
+fn rseq_lock_call(lock: &RseqLock, n: &mut u64) {
+    lock.lock();
+    *n += 1;
+    // SAFETY: taken on the line above by this thread, released once.
+    unsafe { lock.unlock() };
+}
+
+/// `lock_local` + increment + release through a call, as a service's call site writes it
+/// (the error returned with `?`): `tests/owner_path`'s `lock_local?` probe.
+#[inline(never)]
+fn lock_local_call<L: RawLocalLock>(state: &PerCpu<u64, L>) -> qpw_core::Result<()> {
+    *state.lock_local()? += 1;
+    Ok(())
+}
+
+/// `BoundSlot::lock` + increment + release through a call: `tests/owner_path`'s probe.
+#[inline(never)]
+fn bound_slot_call(slot: &BoundSlot<'_, u64>) {
+    *slot.lock() += 1;
 }
 
 /// One of the per-CPU bare locks of `rseq_cpu_atomic_lock`, with its counter, on cache lines
@@ -109,6 +170,18 @@ pub(crate) fn bench(c: &mut Criterion) {
             })
         })
     });
+
+    let mut n = 0u64;
+    group.bench_function("atomic_lock_call", |b| {
+        b.iter_custom(|iters| looped(iters, || atomic_lock_call(&word, &mut n)))
+    });
+    group.bench_function("tls_cell_call", |b| {
+        b.iter_custom(|iters| looped(iters, tls_cell_call))
+    });
+
+    // The floor (issue 42): the hand-written restartable-sequence increment, on a thread pinned
+    // as the framework's benches below are.
+    floor(&mut group);
 
     // The framework's default lock, alone: parking_lot's word with a fair release.
     let fair = FairLock::new();
@@ -174,6 +247,13 @@ pub(crate) fn bench(c: &mut Criterion) {
                     })
                 })
             });
+            group.bench_function(format!("percpu_{mode}_bound_call"), |b| {
+                b.iter_custom(|iters| {
+                    looped(iters, || {
+                        lock_local_call(&stock).expect("a bound thread has a CPU");
+                    })
+                })
+            });
         }
         group.bench_function(format!("percpu_{mode}_unbound"), |b| {
             b.iter_custom(|iters| {
@@ -236,10 +316,21 @@ pub(crate) fn bench(c: &mut Criterion) {
                 })
             })
         });
+        let mut n = 0u64;
+        group.bench_function("rseq_lock_call", |b| {
+            b.iter_custom(|iters| looped(iters, || rseq_lock_call(&lock, &mut n)))
+        });
         group.bench_function("percpu_rseq_bound", |b| {
             b.iter_custom(|iters| {
                 looped(iters, || {
                     *stock.lock_local().expect("a bound thread has a CPU") += 1;
+                })
+            })
+        });
+        group.bench_function("percpu_rseq_bound_call", |b| {
+            b.iter_custom(|iters| {
+                looped(iters, || {
+                    lock_local_call(&stock).expect("a bound thread has a CPU");
                 })
             })
         });
@@ -280,6 +371,34 @@ pub(crate) fn bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// The floor's two benches (issue 42), inlined into the loop and through a call, on a
+/// thread pinned to the first allowed CPU as the framework's bound benches are; skipped,
+/// saying why, where the hand-written sequence cannot run.
+fn floor(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    let before = qpw_core::current_affinity().expect("the thread's affinity");
+    let cpu = qpw_core::allowed_cpus()
+        .expect("the allowed CPUs")
+        .first()
+        .expect("at least one allowed CPU");
+    qpw_core::pin_current_thread(cpu).expect("pin to an allowed CPU");
+    match Floor::new() {
+        Some(floor) => {
+            group.bench_function("floor", |b| {
+                b.iter_custom(|iters| looped(iters, || floor.increment()))
+            });
+            group.bench_function("floor_call", |b| {
+                b.iter_custom(|iters| looped(iters, || floor_call(&floor)))
+            });
+            black_box(floor.total());
+        }
+        None => eprintln!(
+            "local/floor*: skipped: no rseq registration for this thread, or not x86-64 ({})",
+            qpw_core::rseq::status()
+        ),
+    }
+    qpw_core::set_current_affinity(&before).expect("the affinity back");
+}
+
 /// The fenced-mode benches (issue 15), as described where `bench` calls this.
 fn fenced(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
     // Fenced mode as the policy makes it: `per_cpu` gives every slot of a fenced CPU a
@@ -301,6 +420,13 @@ fn fenced(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::Wall
             })
         })
     });
+    group.bench_function("percpu_fenced_bound_call", |b| {
+        b.iter_custom(|iters| {
+            looped(iters, || {
+                lock_local_call(&stock).expect("a bound thread has a CPU");
+            })
+        })
+    });
     // The owner's path with the look-up done once (`PerCpu::bound_slot`): what a pinned
     // thread's hot loop pays.
     let mine = stock.bound_slot(&bound).expect("the slot of the bound CPU");
@@ -310,6 +436,9 @@ fn fenced(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::Wall
                 *mine.lock() += 1;
             })
         })
+    });
+    group.bench_function("percpu_fenced_bound_slot_call", |b| {
+        b.iter_custom(|iters| looped(iters, || bound_slot_call(&mine)))
     });
     // The same mode with the `FencedLock` named (`per_cpu_with`): no choice of protocol per
     // slot on the owner's path.

@@ -15,8 +15,9 @@ use std::path::PathBuf;
 
 use qpw_benches::{
     criterion_dir, drain_marginal_line, drain_svg, drain_table, fast_path_bounds_table,
-    fenced_drain_table, local_table, machine_description, pool_hook_table, pool_table,
-    reentry_table, resctrl_table, under_load_tables, DRAIN_COUNTER, DRAIN_LRU, DRAIN_MEMCG,
+    fenced_drain_table, local_table, machine_description, owner_call_table, pool_hook_table,
+    pool_table, reentry_table, resctrl_table, under_load_tables, DRAIN_COUNTER, DRAIN_LRU,
+    DRAIN_MEMCG,
 };
 
 fn main() {
@@ -53,6 +54,11 @@ fn main() {
     let _ = writeln!(out, "{}", local_table(&root));
     let _ = writeln!(out, "### 1b. Issue 7's bounds (group `local`)\n");
     let _ = writeln!(out, "{}", fast_path_bounds_table(&root));
+    let _ = writeln!(
+        out,
+        "### 1c. Issue 42: the owner's paths inlined and through a call, against the floor (group `local`)\n"
+    );
+    let _ = writeln!(out, "{}", owner_call_table(&root));
     for (group, title) in [
         (DRAIN_COUNTER, "per-CPU counter drain (qpw-core only)"),
         (DRAIN_MEMCG, "memcg stock, `drain_all_stock`"),

@@ -574,7 +574,7 @@ pub unsafe fn call_on(
             _ => {}
         }
         spins = spins.wrapping_add(1);
-        if spins % 64 != 0 || start.elapsed() < SPIN_BEFORE_SLEEP {
+        if !spins.is_multiple_of(64) || start.elapsed() < SPIN_BEFORE_SLEEP {
             std::hint::spin_loop();
             continue;
         }

@@ -183,6 +183,7 @@ use crate::{LocalAttempt, LocalLockKind, RawLocalLock, RawRemoteLock, RseqLock};
 /// assert_eq!(total, 1);
 /// # Ok::<(), qpw_core::Error>(())
 /// ```
+#[repr(transparent)]
 pub struct FencedLock {
     inner: RseqLock,
 }

@@ -29,11 +29,11 @@
 //!
 //! The owner's calls (`lock_local`, `try_lock_local`, `BoundSlot::lock`) neither look nor
 //! add, so that their release builds stay what they were: the same instructions or fewer
-//! (`tests/owner_path` counts them). A guard says which kind it is by a second copy of its
-//! lock's address, moved on, in a requester's guard, by one byte more than its entry's index
-//! here: where an owner's guard is built the two copies are one value, and the compiler drops
-//! the drop's test (`percpu.rs`, `PerCpuGuard`, says why not a flag). So a hold through the
-//! owner's calls, and an owner's call under any hold, are caught in debug builds only.
+//! (`tests/owner_path` counts them). A guard says how it is released (`percpu.rs`, `Release`):
+//! a requester's guard carries one more than its entry's index here, an owner's guard one of
+//! the owner's releases; where an owner's guard is built the compiler sees which, and drops
+//! the drop's tests. So a hold through the owner's calls, and an owner's call under any hold,
+//! are caught in debug builds only.
 //!
 //! # The cost
 //!

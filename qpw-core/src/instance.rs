@@ -220,28 +220,132 @@ impl Builder {
     }
 }
 
+/// What the framework bound the calling thread to: an instance, one of its CPUs, and that
+/// CPU's slot index (the same in every [`PerCpu`] of the instance, whose slots follow its
+/// managed CPUs in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Registration {
+    pub(crate) instance: u64,
+    pub(crate) cpu: usize,
+    pub(crate) idx: usize,
+}
+
+/// Where `lock_local` finds the calling thread's slot and takes its lock: the slot's index,
+/// in units of [`SLOT_UNIT`] bytes, and the thread's rseq area for the owner's fast path.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Here {
+    /// The slot's index times [`SLOT_UNIT`]: a slot of `k` units is then at `k` times this
+    /// from the first, which for the usual one-unit slot is this offset itself (no shift).
+    pub(crate) scaled: usize,
+    /// The area's address (a raw pointer, so that an `Option<Here>` is told by the
+    /// registration's compare, not by a test of the pointer).
+    area: *const u8,
+}
+
+/// The alignment of a cache-padded slot: every `CachePadded<T>` is a whole number of these
+/// bytes long (128 on x86-64).
+pub(crate) const SLOT_UNIT: usize = std::mem::align_of::<crossbeam_utils::CachePadded<()>>();
+
+impl Here {
+    /// Slot `idx`, for a thread that is not bound (where it runs now).
+    #[inline]
+    pub(crate) fn unbound(idx: usize) -> Here {
+        Here {
+            scaled: idx * SLOT_UNIT,
+            area: crate::rseq::owner_area().as_ptr(),
+        }
+    }
+
+    /// The slot's index.
+    #[inline]
+    pub(crate) fn idx(self) -> usize {
+        self.scaled / SLOT_UNIT
+    }
+
+    /// The calling thread's rseq area.
+    #[inline(always)]
+    pub(crate) fn area(self) -> crate::rseq::Area {
+        // SAFETY: a `Here` is made only on the calling thread, from its registration (whose
+        // area `set_binding` took from `owner_area` on this thread) or from `owner_area`.
+        unsafe { crate::rseq::Area::from_ptr(self.area) }
+    }
+}
+
+/// The calling thread's registration as `lock_local`'s hot path reads it: one compare of the
+/// instance and two loads, all relative to the thread pointer, with no `Option` to unpack and
+/// no look-up of the rseq area.
+#[derive(Debug, Clone, Copy)]
+struct ThreadBinding {
+    /// The instance, or 0 for none (instance ids start at 1: `sync::next_instance_id`).
+    instance: u64,
+    /// The slot index times [`SLOT_UNIT`] (`Here::scaled`).
+    scaled: usize,
+    /// The thread's area's address, looked up when it was bound (only read when `instance`
+    /// is not 0).
+    area: *const u8,
+    cpu: usize,
+}
+
+impl ThreadBinding {
+    const NONE: ThreadBinding = ThreadBinding {
+        instance: 0,
+        scaled: 0,
+        area: std::ptr::null(),
+        cpu: 0,
+    };
+}
+
 #[cfg(not(loom))]
 thread_local! {
-    /// The (instance id, CPU) this thread was bound to by the framework, if any. A `const`
-    /// initialiser, so that reading it on `lock_local`'s hot path is one TLS load with no
+    /// The calling thread's registration. A `const` initialiser and no destructor, so that
+    /// reading it on `lock_local`'s hot path is a load relative to the thread pointer with no
     /// lazy-initialisation check.
-    static BINDING: Cell<Option<(u64, usize)>> = const { Cell::new(None) };
+    static BINDING: Cell<ThreadBinding> = const { Cell::new(ThreadBinding::NONE) };
 }
 
 #[cfg(loom)]
 thread_local! {
     /// As above; loom's `thread_local!` takes no `const` initialiser.
     #[allow(clippy::missing_const_for_thread_local)]
-    static BINDING: Cell<Option<(u64, usize)>> = Cell::new(None);
+    static BINDING: Cell<ThreadBinding> = Cell::new(ThreadBinding::NONE);
 }
 
+/// The calling thread's registration, if it is bound.
 #[inline]
-pub(crate) fn binding() -> Option<(u64, usize)> {
-    BINDING.with(Cell::get)
+pub(crate) fn binding() -> Option<Registration> {
+    let b = BINDING.with(Cell::get);
+    (b.instance != 0).then_some(Registration {
+        instance: b.instance,
+        cpu: b.cpu,
+        idx: b.scaled / SLOT_UNIT,
+    })
 }
 
-pub(crate) fn set_binding(binding: Option<(u64, usize)>) -> Option<(u64, usize)> {
-    BINDING.with(|b| b.replace(binding))
+/// Where the calling thread's slot is in the [`PerCpu`] state of instance `instance`, if the
+/// thread is bound to one of its CPUs: `lock_local`'s hot path.
+#[inline(always)]
+pub(crate) fn bound_here(instance: u64) -> Option<Here> {
+    let b = BINDING.with(Cell::get);
+    (b.instance == instance).then_some(Here {
+        scaled: b.scaled,
+        area: b.area,
+    })
+}
+
+/// Registers the calling thread as bound to `binding` (or to nothing), and returns what it was.
+pub(crate) fn set_binding(binding: Option<Registration>) -> Option<Registration> {
+    let before = self::binding();
+    let now = match binding {
+        Some(Registration { instance, cpu, idx }) => ThreadBinding {
+            instance,
+            scaled: idx * SLOT_UNIT,
+            area: crate::rseq::owner_area().as_ptr(),
+            cpu,
+        },
+        None => ThreadBinding::NONE,
+    };
+    BINDING.with(|b| b.set(now));
+    before
 }
 
 /// One live [`Binding`] of the calling thread.
@@ -251,6 +355,7 @@ struct Bound {
     id: u64,
     instance: u64,
     cpu: usize,
+    idx: usize,
     phys: usize,
 }
 
@@ -260,7 +365,7 @@ struct Bound {
 struct BindStack {
     live: Vec<Bound>,
     /// The registration and affinity before the first live binding.
-    base: Option<(Option<(u64, usize)>, CpuSet)>,
+    base: Option<(Option<Registration>, CpuSet)>,
     next_id: u64,
 }
 
@@ -320,9 +425,9 @@ impl Inner {
     /// else `sched_getcpu`).
     #[inline]
     pub(crate) fn current_cpu(&self) -> Option<usize> {
-        if let Some((id, cpu)) = binding() {
-            if id == self.id {
-                return Some(cpu);
+        if let Some(bound) = binding() {
+            if bound.instance == self.id {
+                return Some(bound.cpu);
             }
         }
         if self.logical {
@@ -363,11 +468,16 @@ impl Inner {
                 id,
                 instance: self.id,
                 cpu,
+                idx,
                 phys,
             });
             id
         });
-        set_binding(Some((self.id, cpu)));
+        set_binding(Some(Registration {
+            instance: self.id,
+            cpu,
+            idx,
+        }));
         #[cfg(loom)]
         crate::rseq::mock::migrate_to(Some(phys));
         Ok(Binding {
@@ -868,7 +978,11 @@ impl Drop for Binding {
             // the thread simply stays pinned, which is safe.
             match stack.live.last() {
                 Some(top) => {
-                    set_binding(Some((top.instance, top.cpu)));
+                    set_binding(Some(Registration {
+                        instance: top.instance,
+                        cpu: top.cpu,
+                        idx: top.idx,
+                    }));
                     let _ = affinity::set_current_affinity(&CpuSet::from_iter([top.phys]));
                     #[cfg(loom)]
                     crate::rseq::mock::migrate_to(Some(top.phys));

@@ -107,6 +107,35 @@
 //! [`Error::Stall`] after its timeout, as in queue mode. The details and the correctness
 //! argument of each are in [`RseqLock`], [`FencedLock`], [`rseq`] and [`OwnedPerCpu`].
 //!
+//! **What the owner's call pays, standalone and in a hot loop.** A *standalone* call, a
+//! service's one update per request, pays the whole path every time: the thread's
+//! registration (one compare and a few loads relative to the thread pointer), the lock's
+//! acquire and release (two restartable sequences, or a [`FairLock`]'s two
+//! compare-and-swaps), and what the compiler spends around a call that can fail and can
+//! call out (a frame, saved registers, the `Result`). A *hot loop*, the same call inlined
+//! into a loop that makes it again and again, pays less: the compiler hoists the
+//! registration and the frame out of the loop. Beside them, the shortest path a per-CPU lock
+//! can have here, a hand-written restartable sequence (`benches/floor.rs`: `cpu_id`, the
+//! slot, the lock word, the operation, a plain release store; no waiters, no requesters).
+//! Counted by `tests/owner_path` (uncontended, bound thread, `+= 1` on a `u64`, rustc 1.95)
+//! and timed in criterion runs (`docs/results.md`, 1c and 6e: a shared 2-core VM, so ratios
+//! only, each to about ±30 %, ranges where two runs disagreed):
+//!
+//! | the owner's call | atomics | standalone: instructions | standalone: time ÷ the floor's call | hot loop: time ÷ the floor's call |
+//! |---|---|---|---|---|
+//! | the floor (hand-written, for scale) | 0 | 14 | 1 | 0.6 |
+//! | [`BoundSlot::lock`], fenced mode | 0 | 19 | 0.9 | 0.8 |
+//! | [`PerCpu::lock_local`], fenced mode | 0 | 38-39 | 1.7 | 1.0 |
+//! | [`PerCpu::lock_local`] of an [`RseqLock`] | 0 | 32-41 | 1.6-2.3 | 0.8-2.2 |
+//! | [`PerCpu::lock_local`], queue or remote mode ([`FairLock`]) | 2 | 33 | 3.2-5.2 (1.4-1.8x a bare [`FairLock`]) | 3-5.5 |
+//! | [`BoundSlot::lock`], queue or remote mode | 2 | 23 | not timed | not timed |
+//!
+//! The two counts of `lock_local` are two call sites: `?` (the error returned) and
+//! `if let Ok(..)` (the `Result` dropped after the guard, so kept in memory). So: in a hot
+//! loop on a pinned thread, take the slot once with [`PerCpu::bound_slot`]; a standalone
+//! call on a fenced CPU costs under twice the hand-written floor, and a [`FairLock`]'s its
+//! two compare-and-swaps.
+//!
 //! # Which call for which job
 //!
 //! Other CPUs' state is reached two ways: by *work* ([`PerCpuWork`]), which runs where the

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+#[cfg(loom)]
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 
@@ -16,6 +17,11 @@ use crate::{
 /// How often [`PerCpu::lock_local`] follows a migrating thread to its new CPU's lock.
 const MIGRATION_RETRIES: usize = 3;
 
+/// `repr(C)` with the lock first: the slot's address is its lock's, and (for the
+/// restartable-sequence locks, whose `RseqLock` sits at the start of a `FencedLock` and of a
+/// `PwLock`) its `RseqLock`'s, so that the owner's path computes one address for the data,
+/// the lock and the guard.
+#[repr(C)]
 struct Slot<T, L> {
     lock: L,
     data: UnsafeCell<T>,
@@ -114,6 +120,9 @@ pub struct PerCpu<T, L: RawLocalLock = PwLock> {
     /// costs no more dependent loads than a `Box` did. A std `Arc` under loom too: loom's
     /// cannot hold a slice, and the count is no protocol of ours.
     slots: SharedSlots<T, L>,
+    /// The first slot of `slots`, so that the owner's path finds slot `idx` with one shift and
+    /// one add (the slice's start is 128 bytes into its `Arc`'s allocation, one more add).
+    first: std::ptr::NonNull<CachePadded<Slot<T, L>>>,
     /// `lock_local`'s hot path reads these here rather than through `inner`, one pointer
     /// hop fewer on every call (each hop is a dependent load).
     local: LocalIndex,
@@ -126,6 +135,7 @@ impl<T, L: RawLocalLock> Clone for PerCpu<T, L> {
         Self {
             inner: self.inner.clone(),
             slots: self.slots.clone(),
+            first: self.first,
             local: self.local.clone(),
         }
     }
@@ -194,8 +204,10 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
             index: index.into(),
             identity,
         };
+        let slots: SharedSlots<T, L> = slots;
         Self {
             inner,
+            first: std::ptr::NonNull::from(&slots[..]).cast(),
             slots,
             local,
         }
@@ -211,44 +223,121 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     /// physical instance uses the CPU it runs on now (read from its rseq area, else
     /// `sched_getcpu`), which it may leave the next instant: correctness does not depend on
     /// it, since the lock is real either way.
+    ///
+    /// A bound thread's call reads its slot index and rseq area from its registration (a few
+    /// loads relative to the thread pointer), then takes a restartable-sequence lock with one
+    /// sequence and releases it with another, or a [`FairLock`](crate::FairLock) with its two
+    /// compare-and-swaps; everything else (an unbound thread's look-up, a busy lock, a thread
+    /// that migrated) is out of line. `tests/owner_path` counts what one call executes.
     // Always inlined: out of line, the call returns the large `Result` through memory, which
     // costs more than a restartable-sequence lock itself (measured: about 2x the whole path).
     #[inline(always)]
     #[track_caller]
     pub fn lock_local(&self) -> Result<PerCpuGuard<'_, T, L>> {
-        let (cpu, idx) = self.local_slot()?;
-        let slot = &self.slots[idx];
-        slot.not_held_here_debug(cpu)?;
-        if slot.lock.lock_on_current_cpu() == LocalAttempt::Locked {
-            return Ok(PerCpuGuard::new(slot));
-        }
-        // The guard is made here, not in the cold call, so that on both ways out the compiler
-        // sees an owner's guard built: the drop's test of the record then folds away, and the
+        let (slot, owned) = 'taken: {
+            if let Some(here) = crate::instance::bound_here(self.local.id) {
+                let slot = self.slot_at_scaled(here.scaled);
+                slot.not_held_here_debug(slot.cpu)?;
+                match slot.lock.as_rseq() {
+                    Some(rseq) => {
+                        // The owner's fast path: one sequence, with the area in hand.
+                        let path = crate::rseq_lock::OwnerPath::new(rseq, here.area());
+                        if path.try_take() {
+                            break 'taken (slot, Taken::Path(path));
+                        }
+                    }
+                    // Any other lock: its own fast path (a `FairLock`'s compare-and-swap).
+                    None if slot.lock.lock_on_current_cpu() == LocalAttempt::Locked => {
+                        break 'taken (slot, Taken::Plain)
+                    }
+                    None => {}
+                }
+            }
+            // Everything else, and every error, in one call with no argument to set up (an
+            // unbound thread's fast path, where it runs now, included): the caller's `Result`
+            // is then made in one place on each way out.
+            let (slot, how) = self.lock_local_slow()?;
+            (slot, how.taken())
+        };
+        // The guard is made here, not in the call, so that on every way out the
+        // compiler sees how it will be released: the drop's tests then fold away, and the
         // owner's release stays inline.
-        Ok(PerCpuGuard::new(self.lock_local_migrated()?))
+        Ok(match owned {
+            Taken::Path(path) => PerCpuGuard::owned(slot, path.area()),
+            Taken::Area(area) => PerCpuGuard::owned(slot, area),
+            Taken::Plain => PerCpuGuard::plain(slot),
+            Taken::Slow => PerCpuGuard::new(slot),
+        })
     }
 
-    /// `lock_local` after the thread turned out to run elsewhere than the CPU it read (only a
-    /// lock that checks where the thread runs, such as [`RseqLock`](crate::RseqLock), says
-    /// so): take the new CPU's lock instead, and return its slot, whose lock the caller now
-    /// holds. A thread that keeps moving (or is bound to a CPU it no longer runs on) ends with
-    /// a plain `lock`, which such a lock takes from anywhere, only more slowly. Out of line, so
-    /// that the fast path stays small.
+    /// `lock_local` when a bound thread's first try did not take the lock, and for a thread
+    /// that is not bound to this instance. A bound thread's slot's lock is taken by the lock's
+    /// own slow path from where the first try left it (after a restartable sequence's miss,
+    /// what `lock_on_current_cpu` does after its first try). An unbound thread's slot is the
+    /// one of the CPU it runs on now (physical instances; else the error), taken as a bound
+    /// thread's is: the owner's fast path with the thread's area, or the lock's own; then its
+    /// slow path. When the thread turns out to run elsewhere than the CPU it read or is bound
+    /// to (only a lock that checks where the thread runs, such as
+    /// [`RseqLock`](crate::RseqLock), says so), [`lock_local_migrated`]
+    /// (Self::lock_local_migrated). Returns the slot whose lock the caller now holds, and how
+    /// to release it. Out of line, so that a bound thread's fast path keeps no register for
+    /// it; an unbound thread's release stays inline.
+    #[inline(never)]
+    #[track_caller]
+    fn lock_local_slow(&self) -> Result<(&Slot<T, L>, Unbound)> {
+        let (slot, attempt) = match crate::instance::bound_here(self.local.id) {
+            // Bound: the fast path's first try missed.
+            Some(here) => {
+                let slot: &Slot<T, L> = &self.slots[here.idx()];
+                match slot.lock.as_rseq() {
+                    Some(rseq) => (slot, rseq.acquire_slow(true)),
+                    None => (slot, slot.lock.lock_on_current_cpu()),
+                }
+            }
+            None => {
+                let here = self.here().ok_or_else(|| self.unbound())?;
+                let slot = self.slot_at(here.idx());
+                slot.not_held_here_debug(slot.cpu)?;
+                match slot.lock.as_rseq() {
+                    Some(rseq) => {
+                        let path = crate::rseq_lock::OwnerPath::new(rseq, here.area());
+                        if path.try_take() {
+                            return Ok((slot, Unbound::sequence(here.area())));
+                        }
+                        (slot, rseq.acquire_slow(true))
+                    }
+                    None => match slot.lock.lock_on_current_cpu() {
+                        LocalAttempt::Locked => return Ok((slot, Unbound::PLAIN)),
+                        elsewhere => (slot, elsewhere),
+                    },
+                }
+            }
+        };
+        if attempt == LocalAttempt::Locked {
+            return Ok((slot, Unbound::SLOW));
+        }
+        Ok((self.lock_local_migrated()?, Unbound::SLOW))
+    }
+
+    /// `lock_local` after the thread turned out to run elsewhere than the CPU it read: take
+    /// the new CPU's lock instead, and return its slot, whose lock the caller now holds. A
+    /// thread that keeps moving (or is bound to a CPU it no longer runs on) ends with a plain
+    /// `lock`, which such a lock takes from anywhere, only more slowly.
     #[cold]
     #[inline(never)]
     #[track_caller]
     fn lock_local_migrated(&self) -> Result<&Slot<T, L>> {
-        let (mut cpu, mut idx) = self.local_slot()?;
+        let mut idx = self.here().ok_or_else(|| self.unbound())?.idx();
         for _ in 1..MIGRATION_RETRIES {
             let slot = &self.slots[idx];
             if slot.lock.lock_on_current_cpu() == LocalAttempt::Locked {
                 return Ok(slot);
             }
-            (cpu, idx) = self.local_slot()?;
+            idx = self.here().ok_or_else(|| self.unbound())?.idx();
         }
         // The owner's call still: no record looked at or added, as on the fast path.
         let slot = &self.slots[idx];
-        slot.not_held_here_debug(cpu)?;
+        slot.not_held_here_debug(slot.cpu)?;
         slot.lock.lock();
         Ok(slot)
     }
@@ -258,8 +347,7 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
     #[inline]
     #[track_caller]
     pub fn try_lock_local(&self) -> Result<Option<PerCpuGuard<'_, T, L>>> {
-        let (_, idx) = self.local_slot()?;
-        let slot = &self.slots[idx];
+        let slot = self.slot_at(self.here().ok_or_else(|| self.unbound())?.idx());
         // The owner's call: its guard is not recorded (a `try` never waits for itself anyway).
         Ok(if slot.lock.try_lock() {
             Some(PerCpuGuard::new(slot))
@@ -432,8 +520,27 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
             });
         }
         let idx = self.inner.idx(binding.cpu)?;
+        let slot: &Slot<T, L> = &self.slots[idx];
+        // The binding is the calling thread's (it is `!Send`), and so is the area.
+        let area = crate::rseq::owner_area();
+        let at = std::ptr::NonNull::from(slot);
+        let path = match slot.lock.as_rseq() {
+            // The slot's lock is (or forwards to) a restartable-sequence lock at the slot's own
+            // address (every one of this crate's is: `Slot` is `repr(C)` with the lock first,
+            // and `RseqLock` is the first field of `FencedLock` and of `PwLock`'s fenced
+            // variant; a unit test checks it): the path leads there, through a pointer to the
+            // whole slot, which `lock` turns back into the slot.
+            // SAFETY: the address of the live `RseqLock` that `as_rseq` gave, borrowed for
+            // `'a` with the slot.
+            Some(rseq) if std::ptr::addr_eq(rseq, slot) => unsafe {
+                crate::rseq_lock::OwnerPath::at(at.cast(), area)
+            },
+            // Any other lock: a path that never takes, and `lock`'s second try.
+            _ => crate::rseq_lock::OwnerPath::none(area),
+        };
         Ok(BoundSlot {
-            slot: &self.slots[idx],
+            path,
+            slot,
             cpu: binding.cpu,
             _not_send: PhantomData,
         })
@@ -457,26 +564,53 @@ impl<T, L: RawLocalLock> PerCpu<T, L> {
         )
     }
 
-    /// The calling thread's CPU and its slot index: its binding, else (physical instances)
-    /// where it runs now. The same answer as `Inner::current_cpu` + `Inner::idx`, read from
-    /// `self.local`.
-    #[inline(always)]
-    fn local_slot(&self) -> Result<(usize, usize)> {
-        let cpu = match crate::instance::binding() {
-            Some((id, cpu)) if id == self.local.id => cpu,
-            _ if self.local.logical => return Err(self.unbound()),
-            _ => match crate::rseq::cpu_now() {
-                Some(cpu) => cpu,
-                None => return Err(self.unbound()),
-            },
+    /// Where the calling thread's slot is: its binding's, else where it runs now (physical
+    /// instances). `None` when it has no CPU of this instance ([`unbound`](Self::unbound)
+    /// says why).
+    #[inline]
+    fn here(&self) -> Option<crate::instance::Here> {
+        if let Some(here) = crate::instance::bound_here(self.local.id) {
+            return Some(here);
+        }
+        if self.local.logical {
+            return None;
+        }
+        let cpu = crate::rseq::cpu_now()?;
+        let idx = if self.local.identity && cpu < self.slots.len() {
+            cpu
+        } else {
+            match self.local.index.get(cpu) {
+                Some(&idx) if idx != u32::MAX => idx as usize,
+                _ => return None,
+            }
         };
-        if self.local.identity && cpu < self.slots.len() {
-            return Ok((cpu, cpu));
-        }
-        match self.local.index.get(cpu) {
-            Some(&idx) if idx != u32::MAX => Ok((cpu, idx as usize)),
-            _ => Err(self.unbound()),
-        }
+        Some(crate::instance::Here::unbound(idx))
+    }
+
+    /// The slot whose index times [`SLOT_UNIT`](crate::instance::SLOT_UNIT) is `scaled`,
+    /// which [`here`](Self::here) gave: one add for a slot of one unit.
+    #[inline(always)]
+    fn slot_at_scaled(&self, scaled: usize) -> &Slot<T, L> {
+        let units = std::mem::size_of::<CachePadded<Slot<T, L>>>() / crate::instance::SLOT_UNIT;
+        debug_assert!(scaled / crate::instance::SLOT_UNIT < self.slots.len());
+        // SAFETY: as in `slot_at`, for the index `scaled / SLOT_UNIT` (a slot is `units`
+        // whole units long: its size is a multiple of its alignment, itself a multiple of
+        // `SLOT_UNIT`).
+        unsafe { self.first.byte_add(scaled * units).as_ref() }
+    }
+
+    /// The slot at index `idx`, which [`here`](Self::here) gave.
+    #[inline(always)]
+    fn slot_at(&self, idx: usize) -> &Slot<T, L> {
+        debug_assert!(idx < self.slots.len());
+        // SAFETY: (1) `here` gives either an index it checked against this state's table, or
+        // the index of the calling thread's registration with this state's instance (its id
+        // is unique in the process: `sync::next_instance_id`), which the instance computed for
+        // one of its managed CPUs (`Inner::idx`, or a worker's own); this state has one slot
+        // per managed CPU of that instance, in order (`PerCpu::new`), so it is in bounds.
+        // (2) `first` points to the first slot of `slots`, an allocation this handle keeps
+        // alive and never moves.
+        unsafe { self.first.add(idx).as_ref() }
     }
 
     #[cold]
@@ -602,6 +736,11 @@ impl<T, L: RawRemoteLock> PerCpu<T, L> {
 /// A bound thread's own slot, looked up once ([`PerCpu::bound_slot`]). Not `Send`: it belongs
 /// to the thread whose binding found it.
 pub struct BoundSlot<'a, T, L: RawLocalLock = PwLock> {
+    /// The owner's fast path to the slot's lock, prepared once: the restartable-sequence lock
+    /// the slot's lock is (or forwards to), at the slot's own address, and the thread's rseq
+    /// area; or, for any other lock, a path that never takes, so that a fenced CPU's slot is
+    /// taken without a test of the lock's kind.
+    path: crate::rseq_lock::OwnerPath<'a>,
     slot: &'a Slot<T, L>,
     cpu: usize,
     _not_send: PhantomData<*const ()>,
@@ -612,16 +751,48 @@ impl<'a, T, L: RawLocalLock> BoundSlot<'a, T, L> {
     /// look-up. A thread that no longer runs on the slot's CPU (a newer binding elsewhere, or
     /// its pinning undone) takes the lock from where it is, as every lock allows (an
     /// [`RseqLock`](crate::RseqLock) or [`FencedLock`](crate::FencedLock) by fencing the CPU).
+    ///
+    /// On a fenced CPU (or with an [`RseqLock`](crate::RseqLock)) the uncontended call is one
+    /// restartable sequence to take the lock and one to release it, with everything they need
+    /// kept in the handle; with a [`FairLock`](crate::FairLock), its two compare-and-swaps.
     #[inline(always)]
     #[track_caller]
     pub fn lock(&self) -> PerCpuGuard<'a, T, L> {
         if let Err(e) = self.slot.not_held_here_debug(self.cpu) {
             panic!("qpw: {e}");
         }
-        if self.slot.lock.lock_on_current_cpu() != LocalAttempt::Locked {
-            self.slot.lock.lock();
+        if self.path.try_take() {
+            // SAFETY: a path that takes leads to the slot's lock, through a pointer to the
+            // whole slot (`bound_slot`): the slot, borrowed for `'a`. (The same as
+            // `self.slot`, without its load.)
+            let slot = unsafe { &*self.path.lock_ptr().cast::<Slot<T, L>>() };
+            return PerCpuGuard::owned(slot, self.path.area());
         }
-        PerCpuGuard::new(self.slot)
+        // A lock without restartable sequences (a `FairLock`): its own fast path, inline.
+        if self.slot.lock.as_rseq().is_none() {
+            if self.slot.lock.lock_on_current_cpu() != LocalAttempt::Locked {
+                self.slot.lock.lock();
+            }
+            return PerCpuGuard::plain(self.slot);
+        }
+        PerCpuGuard::new(self.lock_missed())
+    }
+
+    /// `lock` when the first try did not take the lock (busy, or the thread runs elsewhere):
+    /// the lock's slow path from there, then from wherever the thread runs. Out of line, so
+    /// that the fast path keeps no register for it.
+    #[cold]
+    #[inline(never)]
+    fn lock_missed(&self) -> &'a Slot<T, L> {
+        let slot = self.slot;
+        let taken = match slot.lock.as_rseq() {
+            Some(rseq) => rseq.acquire_slow(true),
+            None => slot.lock.lock_on_current_cpu(),
+        };
+        if taken != LocalAttempt::Locked {
+            slot.lock.lock();
+        }
+        slot
     }
 
     /// The slot's CPU.
@@ -642,27 +813,73 @@ impl<T, L: RawLocalLock> fmt::Debug for BoundSlot<'_, T, L> {
 /// thread that took it.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct PerCpuGuard<'a, T, L: RawLocalLock = PwLock> {
-    /// The slot's lock, taken from a pointer to the whole slot (so that [`PerCpuGuard::cpu`]
-    /// may read the slot's CPU through it).
-    lock: *const L,
-    /// `lock` itself in an owner's guard; in a requester's guard, `lock` moved on by one byte
-    /// more than the index of its entry in the thread's list of held locks (`held.rs`): an
-    /// address never dereferenced, only compared with `lock`.
-    ///
-    /// Why a second copy of the lock's address rather than a flag: the owner's guard must be
-    /// built and dropped with the very instructions it was before the list existed. A flag
-    /// costs a store wherever the guard goes through memory (as a `Result` returned to the
-    /// caller does), where this word takes the place of the CPU, which the slot now keeps;
-    /// and the drop's test, `mark == lock`, is one the compiler settles wherever it sees an
-    /// owner's guard built, where the two are one value, even before it decides whether to
-    /// inline the drop there (a test of a bit of a word it cannot see would leave the drop too
-    /// large to inline). Issue 31 tried both, counting the owner's path in `tests/owner_path`.
-    mark: *const L,
+    /// The slot, whose lock the guard holds.
+    slot: &'a Slot<T, L>,
+    /// How the drop releases the hold, decided where the guard is made: where the compiler
+    /// sees it made (the owner's calls, inlined into the caller) the drop's `match` folds
+    /// away; where the guard goes through memory (a `Result` kept until after the guard is
+    /// dropped) it costs a store or two. Issue 31 counted the alternatives for the
+    /// requester's mark, issue 42 those for the owner's releases (`tests/owner_path`;
+    /// `docs/results.md`, 6e).
+    release: Release,
     #[cfg(all(debug_assertions, not(loom)))]
     holder: &'a crate::sync::Unmodelled64,
+    /// Under loom, the borrow of the data that loom tracks for as long as the guard lives.
+    #[cfg(loom)]
     ptr: ManuallyDrop<MutPtr<T>>,
-    _slot: PhantomData<&'a Slot<T, L>>,
     _not_send: PhantomData<*const ()>,
+}
+
+/// How a [`PerCpuGuard`] releases its hold: decided where the guard is made, so that wherever
+/// the compiler sees it made (the owner's calls, inlined) the drop's choice folds away.
+#[derive(Debug, Clone, Copy)]
+enum Release {
+    /// The owner's fast path took a restartable-sequence lock: the release sequence, with the
+    /// thread's area (no look-up of the area, no test of the lock's kind).
+    Sequence(crate::rseq::Area),
+    /// The owner's fast path took a lock without restartable sequences (a `FairLock`, alone or
+    /// in a `PwLock`): its `unlock`, inline, with no test of the lock's kind.
+    Plain,
+    /// Anything else, out of line: an owner's hold taken by a slow path (`mark` 0), or a
+    /// requester's, which leaves the thread's list of held locks (`held.rs`): `mark` is one
+    /// more than the index of its entry there (0 if the list was full).
+    Slow { mark: u32 },
+}
+
+/// How `lock_local_slow` took its lock, in one word beside the slot: `SLOW` (out of line),
+/// `PLAIN` (a `FairLock`'s own fast path), or the address of the thread's rseq area (the
+/// owner's fast path of an unbound thread; never 0 or 1).
+#[derive(Debug, Clone, Copy)]
+struct Unbound(*const u8);
+
+impl Unbound {
+    const SLOW: Unbound = Unbound(std::ptr::null());
+    const PLAIN: Unbound = Unbound(std::ptr::without_provenance(1));
+
+    fn sequence(area: crate::rseq::Area) -> Unbound {
+        Unbound(area.as_ptr())
+    }
+
+    /// The case, as `lock_local`'s fast path ends.
+    #[inline(always)]
+    fn taken<'a>(self) -> Taken<'a> {
+        match self.0.addr() {
+            0 => Taken::Slow,
+            1 => Taken::Plain,
+            // SAFETY: the calling thread's area (`sequence`), made on this thread by the call
+            // that returned it.
+            _ => Taken::Area(unsafe { crate::rseq::Area::from_ptr(self.0) }),
+        }
+    }
+}
+
+/// How `lock_local`'s fast path ended (`Release`'s cases, before the guard is made).
+enum Taken<'a> {
+    Path(crate::rseq_lock::OwnerPath<'a>),
+    /// As `Path`, for an unbound thread: the area the path had.
+    Area(crate::rseq::Area),
+    Plain,
+    Slow,
 }
 
 impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
@@ -673,13 +890,38 @@ impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
     fn recorded(slot: &'a Slot<T, L>) -> Self {
         let mut guard = Self::new(slot);
         if let Some(entry) = crate::held::record(slot.key(), std::panic::Location::caller()) {
-            guard.mark = guard.lock.wrapping_byte_add(entry + 1);
+            // Entries are fewer than `held::CAPACITY`, far below `u32::MAX`.
+            guard.release = Release::Slow {
+                mark: entry as u32 + 1,
+            };
         }
         guard
     }
 
-    /// An owner's guard (`lock_local`, `try_lock_local`, `BoundSlot::lock`): recorded only in
-    /// debug builds, by the slot.
+    /// An owner's guard whose lock the owner's fast path took with the thread's `area`
+    /// ([`OwnerPath::try_take`](crate::rseq_lock::OwnerPath::try_take) returned `true`):
+    /// released by the same path.
+    #[inline(always)]
+    #[track_caller]
+    fn owned(slot: &'a Slot<T, L>, area: crate::rseq::Area) -> Self {
+        let mut guard = Self::new(slot);
+        guard.release = Release::Sequence(area);
+        guard
+    }
+
+    /// An owner's guard of a lock without restartable sequences (`as_rseq` is `None`), taken
+    /// by the lock's own fast path: released by its `unlock`, inline.
+    #[inline(always)]
+    #[track_caller]
+    fn plain(slot: &'a Slot<T, L>) -> Self {
+        debug_assert!(slot.lock.as_rseq().is_none());
+        let mut guard = Self::new(slot);
+        guard.release = Release::Plain;
+        guard
+    }
+
+    /// An owner's guard (`lock_local`, `try_lock_local`, `BoundSlot::lock`) released out of
+    /// line (`Release::Slow`): recorded only in debug builds, by the slot.
     #[inline]
     #[track_caller]
     fn new(slot: &'a Slot<T, L>) -> Self {
@@ -691,17 +933,13 @@ impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
             slot.held_at
                 .store(at.cast_mut(), crate::sync::Ordering::Relaxed);
         }
-        let whole: *const Slot<T, L> = slot;
-        // SAFETY: a field of the slot `slot` points to; the pointer keeps the whole slot's
-        // provenance.
-        let lock = unsafe { &raw const (*whole).lock };
         Self {
-            lock,
-            mark: lock,
+            slot,
+            release: Release::Slow { mark: 0 },
             #[cfg(all(debug_assertions, not(loom)))]
             holder: &slot.holder,
+            #[cfg(loom)]
             ptr: ManuallyDrop::new(slot.data.get_mut()),
-            _slot: PhantomData,
             _not_send: PhantomData,
         }
     }
@@ -710,13 +948,31 @@ impl<'a, T, L: RawLocalLock> PerCpuGuard<'a, T, L> {
     /// `T`).
     #[inline]
     pub fn cpu(this: &Self) -> usize {
-        let slot = this
-            .lock
-            .wrapping_byte_sub(std::mem::offset_of!(Slot<T, L>, lock))
-            .cast::<Slot<T, L>>();
-        // SAFETY: `lock` was taken from a pointer to the whole slot (`new`), which the guard
-        // borrows for `'a`; this goes back to the slot within that same allocation.
-        unsafe { (*slot).cpu }
+        this.slot().cpu
+    }
+
+    /// The slot, borrowed for `'a`.
+    #[inline(always)]
+    fn slot(&self) -> &'a Slot<T, L> {
+        self.slot
+    }
+
+    /// The data, for `deref` and `deref_mut`.
+    #[inline(always)]
+    fn data(&self) -> *mut T {
+        #[cfg(not(loom))]
+        {
+            let ptr = self.slot().data.get_mut();
+            // SAFETY: std's `MutPtr` tracks nothing: this is the cell's pointer, made a raw
+            // pointer again at once.
+            unsafe { MutPtr::deref(&ptr) as *mut T }
+        }
+        #[cfg(loom)]
+        {
+            // SAFETY: the guard holds the slot's lock (as in `deref`); loom tracks the borrow
+            // through `ptr` for as long as the guard lives.
+            unsafe { MutPtr::deref(&self.ptr) }
+        }
     }
 }
 
@@ -726,7 +982,7 @@ impl<T, L: RawLocalLock> Deref for PerCpuGuard<'_, T, L> {
     #[inline]
     fn deref(&self) -> &T {
         // SAFETY: the guard holds the slot's lock, so no other guard exists for this slot.
-        unsafe { MutPtr::deref(&self.ptr) }
+        unsafe { &*self.data() }
     }
 }
 
@@ -734,27 +990,68 @@ impl<T, L: RawLocalLock> DerefMut for PerCpuGuard<'_, T, L> {
     #[inline]
     fn deref_mut(&mut self) -> &mut T {
         // SAFETY: as in `deref`, and `&mut self` makes this the only borrow through the guard.
-        unsafe { MutPtr::deref(&self.ptr) }
+        unsafe { &mut *self.data() }
     }
 }
 
 impl<T, L: RawLocalLock> Drop for PerCpuGuard<'_, T, L> {
-    #[inline]
+    #[inline(always)]
     fn drop(&mut self) {
-        // SAFETY: (1) the pointer is dropped exactly once, here, and never used again; (2) it
-        // goes before the unlock, so that loom sees the access end inside the critical section.
-        unsafe { ManuallyDrop::drop(&mut self.ptr) };
+        // Under loom the borrow of the data ends before the unlock, so that loom sees the
+        // access end inside the critical section.
+        #[cfg(loom)]
+        // SAFETY: the pointer is dropped exactly once, here, and never used again.
+        unsafe {
+            ManuallyDrop::drop(&mut self.ptr)
+        };
         #[cfg(all(debug_assertions, not(loom)))]
         self.holder
             .store(crate::sync::NO_THREAD, crate::sync::Ordering::Relaxed);
-        // A requester's guard leaves the thread's list. In an owner's guard `mark` is `lock`,
-        // and the compiler, seeing one value in both, drops this test.
-        if !std::ptr::eq(self.mark, self.lock) {
-            crate::held::forget(self.mark.addr().wrapping_sub(self.lock.addr()) - 1);
+        let lock = &self.slot().lock;
+        match self.release {
+            Release::Sequence(area) => {
+                // SAFETY: made only by `PerCpuGuard::owned`, for a hold that the owner's fast
+                // path took, with this area, on the restartable-sequence lock `as_rseq` gives
+                // for this lock, which is always the same one for a given lock (its docs): so
+                // it is `Some` here too, and the path rebuilt from it leads to the lock the
+                // hold is on. Each guard releases its hold once, here.
+                unsafe {
+                    let rseq = lock.as_rseq().unwrap_unchecked();
+                    crate::rseq_lock::OwnerPath::new(rseq, area).release();
+                }
+            }
+            Release::Plain => match lock.as_rseq() {
+                // SAFETY: made only by `PerCpuGuard::plain`, for a lock whose `as_rseq` is
+                // `None`, which it always is for a given lock (its docs).
+                Some(_) => unsafe { std::hint::unreachable_unchecked() },
+                // SAFETY: the slot's lock, borrowed for `'a`; the guard was made only after it
+                // was taken, and each guard releases the hold it was made for, once.
+                None => unsafe { lock.unlock() },
+            },
+            // SAFETY: as above.
+            Release::Slow { mark } => unsafe { Self::release_slow(self.slot, mark) },
         }
-        // SAFETY: `lock` points to the slot's lock, borrowed for `'a` (`_slot`); the guard was
-        // made only after it was taken, and each guard releases the hold it was made for, once.
-        unsafe { (*self.lock).unlock() };
+    }
+}
+
+impl<T, L: RawLocalLock> PerCpuGuard<'_, T, L> {
+    /// The drop of a requester's guard (`mark` is not 0), and of a restartable-sequence lock
+    /// taken by a slow path: out of line, so that the owner's drop stays small enough to
+    /// inline. Its arguments are the guard's fields, not the guard, so that the guard need
+    /// not go through memory for it.
+    ///
+    /// # Safety
+    ///
+    /// The caller's context holds `slot`'s lock, through a guard with this `mark`, and this
+    /// releases it, once.
+    #[inline(never)]
+    unsafe fn release_slow(slot: &Slot<T, L>, mark: u32) {
+        // A requester's guard leaves the thread's list.
+        if mark != 0 {
+            crate::held::forget(mark as usize - 1);
+        }
+        // SAFETY: the caller's premise.
+        unsafe { slot.lock.unlock() };
     }
 }
 

@@ -18,6 +18,9 @@ use crate::sync::RawMutex;
 /// either may succeed, whatever thread makes it, as long as every caller honours the lock's
 /// own documented restriction on where it may be taken from. Acquiring must synchronise-with
 /// the previous release (acquire/release ordering), so that the data it guards is handed over.
+/// `as_rseq` (hidden) must answer the same for a given lock every time, and a lock that
+/// answers `Some` must take and release exactly that `RseqLock` (the default, `None`, is
+/// always right).
 pub unsafe trait RawLocalLock: Send + Sync {
     /// A new, unlocked lock.
     fn new() -> Self;
@@ -93,7 +96,11 @@ pub unsafe trait RawLocalLock: Send + Sync {
 
     /// The restartable-sequence lock this lock is, or forwards to for its slot, if any: lets
     /// a walk over many CPUs' locks ([`PerCpu::for_each_locked`](crate::PerCpu::for_each_locked))
-    /// raise every requester's flag before it waits for any. None by default.
+    /// raise every requester's flag before it waits for any, and the owner's fast path
+    /// (`lock_local`, `BoundSlot::lock`) take and release it with its sequences. None by
+    /// default. An implementation must give the same answer every time for a given lock
+    /// (the owner's guard relies on it to release), and when it gives one, this lock's
+    /// `lock`, `try_lock` and `unlock` must be that lock's (part of the trait's `# Safety`).
     #[doc(hidden)]
     #[inline]
     fn as_rseq(&self) -> Option<&crate::RseqLock> {

@@ -157,6 +157,113 @@ pub(crate) fn registration() -> Result<(isize, u32), String> {
     lookup()
 }
 
+/// The calling thread's `struct rseq` as the owner's fast path holds it: never null, always
+/// writable by the thread, so that the path runs its sequence with no check of its own.
+/// Glibc's registered area, or where there is none a stand-in of the thread's ([`owner_area`]).
+/// Valid on the thread that got it, for as long as the thread lives; the handles that keep one
+/// (a [`Binding`](crate::Binding)'s registration, a [`BoundSlot`](crate::BoundSlot), a guard)
+/// are `!Send`, so it is only ever used there.
+#[cfg(not(loom))]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Area(std::ptr::NonNull<u8>);
+
+/// Under loom there is no area: the sequences are mocked (`rseq_lock/loom_mock.rs`).
+#[cfg(loom)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Area;
+
+#[cfg(not(loom))]
+impl Area {
+    /// The area [`area`] returned.
+    #[inline(always)]
+    pub(crate) fn registered(area: *const u8) -> Area {
+        debug_assert!(area.addr() > NO_AREA);
+        // SAFETY: `area` returns only addresses above `NO_AREA`, so not null.
+        Area(unsafe { std::ptr::NonNull::new_unchecked(area.cast_mut()) })
+    }
+
+    /// The area whose address [`as_ptr`](Self::as_ptr) gave.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `as_ptr` of an `Area` of the calling thread.
+    #[inline(always)]
+    pub(crate) unsafe fn from_ptr(ptr: *const u8) -> Area {
+        // SAFETY: an `Area`'s address is never null (the caller's premise). Said to the
+        // compiler too, so that an `Option<Area>` made from it is known to be `Some`.
+        unsafe {
+            std::hint::assert_unchecked(!ptr.is_null());
+            Area(std::ptr::NonNull::new_unchecked(ptr.cast_mut()))
+        }
+    }
+
+    /// The area's address.
+    #[inline(always)]
+    pub(crate) fn as_ptr(self) -> *const u8 {
+        self.0.as_ptr()
+    }
+}
+
+#[cfg(loom)]
+impl Area {
+    /// As on std.
+    pub(crate) unsafe fn from_ptr(_ptr: *const u8) -> Area {
+        Area
+    }
+
+    /// As on std: nothing to point to.
+    pub(crate) fn as_ptr(self) -> *const u8 {
+        std::ptr::null()
+    }
+}
+
+/// A `struct rseq` that the kernel never sees: the calling thread's stand-in when glibc
+/// registered no area for the process. Its `cpu_id` is -1 (`RSEQ_CPU_ID_UNINITIALIZED`), which
+/// no lock's CPU equals (`rseq_lock`'s `NO_CPU`), so that a sequence run with it always leaves
+/// at its CPU check, before any store but the arming of `rseq_cs`, which only this thread
+/// reads (nobody, in fact).
+#[cfg(not(loom))]
+#[repr(C, align(32))]
+struct StandIn {
+    cpu_id_start: u32,
+    cpu_id: u32,
+    /// Written by the sequences (the `rseq_cs` they arm).
+    rseq_cs: std::cell::UnsafeCell<u64>,
+    flags: u32,
+}
+
+#[cfg(not(loom))]
+thread_local! {
+    static STAND_IN: StandIn = const {
+        StandIn {
+            cpu_id_start: 0,
+            cpu_id: u32::MAX,
+            rseq_cs: std::cell::UnsafeCell::new(0),
+            flags: 0,
+        }
+    };
+}
+
+/// The calling thread's [`Area`]: its registered `struct rseq`, else its stand-in. Looked up
+/// when a thread is bound, when a [`BoundSlot`](crate::BoundSlot) is made and on an unbound
+/// thread's `lock_local`, never on the bound owner's path.
+#[cfg(not(loom))]
+#[inline]
+pub(crate) fn owner_area() -> Area {
+    match area() {
+        Some(area) => Area::registered(area),
+        // The stand-in lives in this thread's static TLS block, a `const` initialiser with no
+        // destructor: as long as the thread, which is as long as any handle can use it.
+        None => Area(STAND_IN.with(|s| std::ptr::NonNull::from(s).cast::<u8>())),
+    }
+}
+
+/// Under loom: nothing to look up.
+#[cfg(loom)]
+pub(crate) fn owner_area() -> Area {
+    Area
+}
+
 /// Looks up glibc's `__rseq_offset` and `__rseq_size`: the offset, or why there is none.
 #[cfg(not(loom))]
 fn lookup() -> Result<(isize, u32), String> {

@@ -25,12 +25,15 @@
 //!   checks the thread's `cpu_id` against the lock's CPU, loads the word, and if it is `FREE`
 //!   commits `HELD` with a plain store. The store is the sequence's last instruction, so either
 //!   it happened with no other thread of the CPU running since the load, or the kernel aborted
-//!   the sequence and we try again. No atomic read-modify-write. When the word holds a flag,
+//!   the sequence and we try again. No atomic read-modify-write. (On the owner's fast path
+//!   the CPU check and the load of the word are one 8-byte load and compare: the lock keeps its
+//!   CPU beside its word, `section.rs`.) When the word holds a flag,
 //!   the owner *answers*: a second sequence reads its CPU's call counter, and the owner stores
 //!   what it read into the CPU's answer cell (and keeps answering while it waits). An owner
 //!   away from its locks answers the same way from its loop ([`Binding::poll`](crate::Binding::poll)).
 //! - **Release, on the lock's CPU**: another restartable sequence, which checks the CPU and that
-//!   no waiter is registered, and commits `FREE`. No atomic read-modify-write either.
+//!   no waiter is registered (again one load: the lock keeps its CPU a second time, beside the
+//!   count), and commits `FREE`. No atomic read-modify-write either.
 //! - **Release from elsewhere, or with a waiter** (a requester, a holder that migrated, or any
 //!   release that finds the count non-zero): full fences; with a waiter, a store of `HANDOFF`
 //!   and a `futex` wake of one sleeper.
@@ -84,9 +87,10 @@
 //! Each other part of the protocol sits beside the code it argues for, in the files of
 //! `rseq_lock/` (private modules: read them in the source):
 //!
-//! - `section.rs`: the three restartable sequences (take the lock, release it, read a word on
-//!   the lock's CPU), the inline assembly and its safety argument, and the CPU fence that
-//!   aborts them.
+//! - `section.rs`: the restartable sequences (take the lock, the owner's take, release it,
+//!   read a word on the lock's CPU), the inline assembly and its safety argument, the owner's
+//!   fast path built on them (`OwnerPath`: the lock and the thread's rseq area in hand), and
+//!   the CPU fence that aborts them.
 //! - `answer.rs`, the fenced protocol's owner side: each CPU's *beacon* (its call counter and
 //!   answer cell) and the owner's *answer*, with the argument ("The answer: a fence the owner
 //!   makes for free") that an answer which has reached a requester's call settles every flag
@@ -148,6 +152,7 @@ pub(crate) use answer::Poller;
 pub(crate) use answer::{beacon_counters, set_beacon};
 pub(crate) use requester::take_flags;
 pub use requester::{acks, fence_counts, set_acks, FenceCounts};
+pub(crate) use section::OwnerPath;
 use section::{Release, Section};
 
 const FREE: u32 = 0;
@@ -241,14 +246,24 @@ impl fmt::Display for LocalLockKind {
 /// assert!(remote.per_cpu_with::<RseqLock, _>(|_| 0u64).is_err());
 /// # Ok::<(), qpw_core::Error>(())
 /// ```
+// `repr(C)`, 8-byte aligned, with `cpu` and `word` in the first 8 bytes and `cpu` again beside
+// `waiters` in the next 8: the owner's sequences compare the CPU and the word (or the waiter
+// count) with one 8-byte load each (`section.rs`, `take_owned` and `give_back`). A lock
+// reached by the owner's fast path is also the first field of its slot (`percpu.rs`).
+#[repr(C, align(8))]
 pub struct RseqLock {
-    word: AtomicU32,
-    /// Registered waiters.
-    waiters: AtomicU32,
     /// The physical CPU whose threads may commit plain stores to `word`; `FALLBACK_CPU` in the
     /// fallback and `NO_CPU` for a lock of no CPU, which no `cpu_id` ever equals, so that the
-    /// hot path can run the sequence first and look at `fallback` only when it fails.
-    cpu: u32,
+    /// hot path can run the sequence first and look at `fallback` only when it fails
+    /// ([`on_cpu`](Self::on_cpu)). It never changes, but the owner's release sequence
+    /// stores it again, with the word, in one 8-byte store (`section.rs`, `give_back`), so it
+    /// is an atomic: a std one in both builds, since no protocol of ours is in its value.
+    cpu: std::sync::atomic::AtomicU32,
+    word: AtomicU32,
+    /// `cpu` again, beside `waiters`, for the release sequence's one load.
+    release_cpu: u32,
+    /// Registered waiters.
+    waiters: AtomicU32,
     /// This process uses the `FairLock` protocol ([`RseqLock::kind`]); kept in the lock so
     /// that the hot path reads its own cache line, not a global.
     fallback: bool,
@@ -276,6 +291,13 @@ pub struct RseqLock {
 }
 
 impl RseqLock {
+    /// The physical CPU whose threads may commit plain stores to the word (`FALLBACK_CPU` in
+    /// the fallback, `NO_CPU` for a lock of no CPU).
+    #[inline(always)]
+    fn on_cpu(&self) -> u32 {
+        self.cpu.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Records the call made for the flag now in the word (its requester, under the side
     /// mutex).
     fn set_flag_call(&self, call: u64) {
@@ -293,7 +315,7 @@ impl RseqLock {
 impl fmt::Debug for RseqLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RseqLock")
-            .field("cpu", &self.cpu)
+            .field("cpu", &self.on_cpu())
             .field("word", &self.word.load(Ordering::Relaxed))
             .field("kind", &Self::kind())
             .finish()
@@ -320,7 +342,7 @@ impl RseqLock {
     /// The physical CPU this lock belongs to, if any (none in the fallback, where it does not
     /// matter).
     pub fn cpu(&self) -> Option<usize> {
-        (self.cpu < FALLBACK_CPU).then_some(self.cpu as usize)
+        (self.on_cpu() < FALLBACK_CPU).then_some(self.on_cpu() as usize)
     }
 
     /// One attempt from wherever the thread runs: the sequence, or the requester's path.
@@ -336,8 +358,11 @@ impl RseqLock {
     /// run again, and a busy lock (or one of another CPU) is waited for, except that with
     /// `elsewhere_gives_up` a thread that runs on another CPU gets `Elsewhere` and nothing
     /// taken (`lock_on_current_cpu`'s contract).
+    ///
+    /// It is also where the owner's fast path ([`OwnerPath`]) goes when its sequence misses:
+    /// that sequence was the first try.
     #[cold]
-    fn acquire_slow(&self, elsewhere_gives_up: bool) -> LocalAttempt {
+    pub(crate) fn acquire_slow(&self, elsewhere_gives_up: bool) -> LocalAttempt {
         if self.fallback() {
             self.fair.lock();
             return LocalAttempt::Locked;
@@ -384,9 +409,10 @@ unsafe impl RawLocalLock for RseqLock {
                 .unwrap_or(NO_CPU)
         };
         Self {
+            cpu: std::sync::atomic::AtomicU32::new(cpu),
             word: AtomicU32::new(FREE),
+            release_cpu: cpu,
             waiters: AtomicU32::new(0),
-            cpu,
             fallback,
             fair: FairLock::new(),
             epoch: AtomicU32::new(0),

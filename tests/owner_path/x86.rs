@@ -123,10 +123,18 @@ const RETURN_TO: u64 = 0xdead_beef_0000;
 const MAX_STEPS: usize = 2000;
 
 /// Follows one call of the function at run-time address `entry` (whose listing is `listing`)
-/// with `arg` as its first argument (`rdi`), from the calling thread's state.
-pub(crate) fn follow(listing: &Listing, entry: u64, arg: u64) -> Result<Walk, String> {
+/// with `args` as its integer arguments (`rdi`, `rsi`, `rdx`, `rcx`, `r8`, `r9`: a function
+/// that returns a large value through memory takes the place for it first), from the calling
+/// thread's state.
+pub(crate) fn follow(listing: &Listing, entry: u64, args: &[u64]) -> Result<Walk, String> {
     let mut m = Machine::new(entry.wrapping_sub(listing.start))?;
-    m.set(Reg::full(7), arg); // rdi
+    const ARGUMENT_REGISTERS: [usize; 6] = [7, 6, 2, 1, 8, 9];
+    if args.len() > ARGUMENT_REGISTERS.len() {
+        return Err(format!("{} arguments: at most 6 in registers", args.len()));
+    }
+    for (&reg, &arg) in ARGUMENT_REGISTERS.iter().zip(args) {
+        m.set(Reg::full(reg), arg);
+    }
     let by_addr: HashMap<u64, usize> = listing
         .insns
         .iter()
@@ -555,14 +563,14 @@ impl Machine {
 
     fn step(&mut self, insn: &Insn, next: Option<u64>) -> Result<Flow, String> {
         let (mnemonic, operands) = split_mnemonic(&insn.text);
-        // `lock cmpxchg ...`: the prefix changes nothing for one thread; nor does a segment
-        // prefix on padding (`cs nop ...`).
-        let (mnemonic, operands) = if matches!(mnemonic, "lock" | "cs" | "ds") {
-            split_mnemonic(operands)
-        } else {
-            (mnemonic, operands)
-        };
-        let ops: Vec<Operand> = if mnemonic.starts_with('j') || mnemonic == "call" {
+        // `lock cmpxchg ...`: the prefix changes nothing for one thread; nor do the prefixes
+        // of padding (`cs nop ...`, `data16 cs nop ...`, which a loop's alignment can put on
+        // the path).
+        let (mut mnemonic, mut operands) = (mnemonic, operands);
+        while matches!(mnemonic, "lock" | "cs" | "ds" | "data16") {
+            (mnemonic, operands) = split_mnemonic(operands);
+        }
+        let ops: Vec<Operand> = if mnemonic.starts_with('j') || matches!(mnemonic, "call" | "nop") {
             Vec::new()
         } else {
             split_operands(operands)

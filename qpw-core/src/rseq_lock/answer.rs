@@ -418,12 +418,12 @@ impl RseqLock {
     fn cpu_beacon(&self) -> Option<CpuBeacon> {
         #[cfg(not(loom))]
         {
-            CpuBeacon::of(self.cpu)
+            CpuBeacon::of(self.on_cpu())
         }
         #[cfg(loom)]
         {
-            (self.cpu < FALLBACK_CPU).then_some(CpuBeacon {
-                cpu: self.cpu,
+            (self.on_cpu() < FALLBACK_CPU).then_some(CpuBeacon {
+                cpu: self.on_cpu(),
                 beacon: &self.mock.beacon,
                 mock: self.mock,
             })

@@ -243,11 +243,11 @@ impl RseqLock {
     /// safely, so the flag is backed out first, and nothing is held.
     fn settle(&self, flag: u32, call: u64, waited: bool) -> bool {
         let answered = self.answered(flag, call);
-        if !answered && self.cpu < FALLBACK_CPU {
+        if !answered && self.on_cpu() < FALLBACK_CPU {
             if let Err(e) = self.requester_fence() {
                 self.back_out(flag);
                 self.side_unlock();
-                fence_failed(self.cpu, &e);
+                fence_failed(self.on_cpu(), &e);
             }
             count(FENCED_BY_IPI);
         }
@@ -266,7 +266,7 @@ impl RseqLock {
         }
         if !held {
             count(OVERTAKEN);
-        } else if answered && self.cpu < FALLBACK_CPU {
+        } else if answered && self.on_cpu() < FALLBACK_CPU {
             count(ANSWERED);
         }
         self.side_unlock();
@@ -323,7 +323,7 @@ fn spin_until(budget_ns: u32, mut done: impl FnMut() -> bool) {
     while !done() {
         crate::sync::spin_loop();
         spins = spins.wrapping_add(1);
-        if spins % 16 == 0 && start.elapsed().as_nanos() >= u128::from(budget_ns) {
+        if spins.is_multiple_of(16) && start.elapsed().as_nanos() >= u128::from(budget_ns) {
             return;
         }
     }
@@ -377,7 +377,7 @@ pub(crate) fn take_flags(locks: &[Option<&RseqLock>]) -> Vec<bool> {
         let Some(lock) = locks[i] else { continue };
         let earlier = raised[..n]
             .iter()
-            .find(|&&(j, _, _)| locks[j].is_some_and(|l| l.cpu == lock.cpu));
+            .find(|&&(j, _, _)| locks[j].is_some_and(|l| l.on_cpu() == lock.on_cpu()));
         raised[n].2 = match earlier {
             Some(&(_, _, call)) => call,
             None => lock.call(),

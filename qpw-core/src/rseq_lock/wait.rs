@@ -55,7 +55,7 @@ impl RseqLock {
     /// Whether the calling thread runs on the lock's CPU now.
     #[cfg(not(loom))]
     fn runs_here(&self) -> bool {
-        crate::rseq::current_cpu() == Some(self.cpu as usize)
+        crate::rseq::current_cpu() == Some(self.on_cpu() as usize)
     }
 
     /// Spins while the holder is likely to release soon: for [`SPIN_NS`] on a flag (a
@@ -87,7 +87,7 @@ impl RseqLock {
             } else {
                 SPIN_NS
             };
-            if spins % 16 == 0 {
+            if spins.is_multiple_of(16) {
                 let now = Instant::now();
                 let since = *start.get_or_insert(now);
                 if now.duration_since(since).as_nanos() >= u128::from(limit_ns)
@@ -185,7 +185,7 @@ impl RseqLock {
         if crate::rseq::mock::mutation() == crate::rseq::mock::Mutation::SkipWaiterFence {
             return true;
         }
-        self.cpu >= FALLBACK_CPU || self.fence_cpu().is_ok()
+        self.on_cpu() >= FALLBACK_CPU || self.fence_cpu().is_ok()
     }
 
     /// A waiter's deadline has passed: deregister, and take a hand-over that a release made

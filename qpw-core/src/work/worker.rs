@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 
 use super::{lock, wait, Unclaimed, WorkSlot};
-use crate::instance::set_binding;
+use crate::instance::{set_binding, Registration};
 use crate::sync::{thread, thread_token, Arc, AtomicBool, Condvar, Mutex, Ordering, NO_THREAD};
 use crate::{Error, Result, ShutdownReport};
 
@@ -31,6 +31,8 @@ struct Queue {
 /// same queue, run by the owner thread when it polls.
 pub(crate) struct Worker {
     cpu: usize,
+    /// The CPU's slot index in its instance.
+    idx: usize,
     /// The physical CPU the worker is pinned to.
     #[cfg_attr(not(loom), allow(dead_code))]
     phys: usize,
@@ -51,9 +53,10 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    fn new(cpu: usize, phys: usize) -> Self {
+    fn new(cpu: usize, idx: usize, phys: usize) -> Self {
         Self {
             cpu,
+            idx,
             phys,
             queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
@@ -64,9 +67,10 @@ impl Worker {
     }
 
     /// A queue that no thread runs: an owner thread empties it with
-    /// [`run_pending`](Self::run_pending) (the owner-only policy).
+    /// [`run_pending`](Self::run_pending) (the owner-only policy). With no thread of its
+    /// own, it never registers one, so its slot index is never read.
     pub(crate) fn mailbox(cpu: usize, phys: usize) -> Arc<Self> {
-        Arc::new(Self::new(cpu, phys))
+        Arc::new(Self::new(cpu, usize::MAX, phys))
     }
 
     /// The flag every post sets after it pushed, so an item is never left behind unseen (at
@@ -166,7 +170,11 @@ impl Worker {
     }
 
     fn run(&self, instance: u64) -> ShutdownReport {
-        set_binding(Some((instance, self.cpu)));
+        set_binding(Some(Registration {
+            instance,
+            cpu: self.cpu,
+            idx: self.idx,
+        }));
         self.set_runner(thread_token());
         #[cfg(loom)]
         crate::rseq::mock::migrate_to(Some(self.phys));
@@ -255,7 +263,7 @@ impl WorkerPool {
         if pool.stopped {
             return Err(Error::ShutDown { cpu });
         }
-        let worker = Arc::new(Worker::new(cpu, phys));
+        let worker = Arc::new(Worker::new(cpu, idx, phys));
         let runner = worker.clone();
         // The thread's id, for the pin hook (a cgroup v2 partition takes threads by id). Not
         // under loom, which pins nothing and whose threads must not block outside its model.
