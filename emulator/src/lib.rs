@@ -61,7 +61,8 @@
 //!    they do alike with their threads ([`threads`]), their clock ([`clock`]), histograms
 //!    ([`hist`]), the real-time setup and its warnings ([`rt`]), Ctrl-C ([`signals`]), the
 //!    isolation and RT throttling ([`isolate`], [`throttling`]), the settings a run changes and
-//!    records for the next run to put back should it be killed ([`setting`]), the load ([`load`],
+//!    records for the next run to put back should it be killed ([`setting`]), the measured CPU's
+//!    tick and what the run itself puts there ([`tick`]), the load ([`load`],
 //!    [`scenario`], [`workload`]), the built-in minimal workload ([`counter`]), the kernel's
 //!    own drains ([`kernel`]), the trace ([`trace`]), and one exporter per format ([`json`],
 //!    [`svg`], [`table`]).
@@ -124,6 +125,7 @@ pub mod svg;
 pub mod table;
 pub mod threads;
 pub mod throttling;
+pub mod tick;
 pub mod trace;
 pub mod validate;
 pub mod workload;
