@@ -301,6 +301,9 @@ pub fn print_requester(o: &Outcome) {
             eprintln!("# qpw-emu   first drain error: {e}");
         }
     }
+    if let Some(p) = o.requester.as_ref().and_then(|r| r.kernel_pcp.as_ref()) {
+        eprintln!("# qpw-emu   kernel-pcp: {}", p.line());
+    }
     if o.kernel_workload {
         eprintln!(
             "# qpw-emu load: the kernel's own drains, no process-context load; which of them \

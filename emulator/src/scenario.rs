@@ -171,6 +171,12 @@ impl Setup {
     pub fn describe(&self) -> String {
         match &self.load {
             Running::Emulated(_) => self.qpw.describe(),
+            Running::Kernel(_, k) if k.is_remote() => format!(
+                "the running kernel's own drains: {} (mode 1 since 6.0: no work on the other \
+                 CPUs, the caller drains each one under its lock; before 6.0, {} on each)",
+                k.effect(),
+                k.work_functions().join(", ")
+            ),
             Running::Kernel(_, k) => format!(
                 "the running kernel's own drains: {} (work on each CPU: {})",
                 k.effect(),

@@ -22,6 +22,7 @@
 //! `lru_add_drain_all` that includes waiting for every CPU's work to finish.
 
 pub mod info;
+pub mod pcp;
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -47,6 +48,9 @@ pub enum KernelDrain {
     Vmstat,
     /// `drain_all_stock`, through a memory cgroup of our own.
     Memcg,
+    /// The page allocator's `drain_all_pages`, through a 1 GiB huge page allocated and freed:
+    /// mode 1 in mainline since 6.0 ([`pcp`]).
+    Pcp,
 }
 
 /// The SLUB cache shrunk: one the filler's `mmap`/`munmap` allocates from on the measured CPU
@@ -56,11 +60,12 @@ pub const SLAB_CACHE: &str = "maple_node";
 
 impl KernelDrain {
     /// Every kernel workload, in the order the help lists them.
-    pub const ALL: [KernelDrain; 4] = [
+    pub const ALL: [KernelDrain; 5] = [
         KernelDrain::Lru,
         KernelDrain::Slub,
         KernelDrain::Vmstat,
         KernelDrain::Memcg,
+        KernelDrain::Pcp,
     ];
 
     /// The name on the command line.
@@ -70,14 +75,16 @@ impl KernelDrain {
             KernelDrain::Slub => "kernel-slub",
             KernelDrain::Vmstat => "kernel-vmstat",
             KernelDrain::Memcg => "kernel-memcg",
+            KernelDrain::Pcp => "kernel-pcp",
         }
     }
 
     /// The default trigger rate: a compaction costs the requester a few hundred ms, a slab
-    /// shrink or vmstat refresh a few ms, a cgroup's force_empty 5-15 ms (measured on the
-    /// development VM).
+    /// shrink or vmstat refresh a few ms, a cgroup's force_empty 5-15 ms, a 1 GiB huge page
+    /// about 0.9 s (measured on the development VM; 2-5 s in a TCG guest).
     pub fn default_rate_hz(self) -> f64 {
         match self {
+            KernelDrain::Pcp => 1.0,
             KernelDrain::Lru => 2.0,
             KernelDrain::Slub | KernelDrain::Vmstat => 50.0,
             KernelDrain::Memcg => 20.0,
@@ -103,7 +110,18 @@ impl KernelDrain {
                                    (memory.force_empty on cgroup v1, a lowered memory.high on \
                                    v2), which runs drain_all_stock"
                 .to_string(),
+            KernelDrain::Pcp => format!(
+                "allocates a 1 GiB huge page and frees it (writes one more, then the old number, \
+                 to {}), which runs drain_all_pages on the page's zone",
+                pcp::POOL
+            ),
         }
+    }
+
+    /// Whether the kernel drains the target from the caller, with no work on the target
+    /// (mode 1): `drain_all_pages` since 6.0; the others queue to each CPU (mode 0).
+    pub fn is_remote(self) -> bool {
+        matches!(self, KernelDrain::Pcp)
     }
 
     /// The work function whose run on a CPU is the drain reaching it, under each name it has
@@ -128,6 +146,8 @@ impl KernelDrain {
                 "drain_local_obj_stock",
                 "drain_local_stock",
             ],
+            // What `drain_all_pages` queued to each CPU before 6.0; none since.
+            KernelDrain::Pcp => &["drain_local_pages_wq"],
         }
     }
 
@@ -166,6 +186,7 @@ pub fn preflight(drain: KernelDrain) -> Result<()> {
         ),
         KernelDrain::Vmstat => need_file("/proc/sys/vm/stat_refresh", "CONFIG_PROC_FS"),
         KernelDrain::Memcg => MemCgroup::locate().map(|_| ()),
+        KernelDrain::Pcp => pcp::preflight(),
     }
 }
 
@@ -340,11 +361,14 @@ struct Filler {
 }
 
 impl Filler {
-    fn start(cpu: usize, cgroup: Option<&MemCgroup>) -> Result<Self> {
+    fn start(cpu: usize, cgroup: Option<&MemCgroup>, pcp: bool) -> Result<Self> {
         let exe = std::env::current_exe().context("cannot find our own executable")?;
         let mut cmd = Command::new(exe);
-        cmd.args(["__filler", &cpu.to_string()])
-            .stdin(Stdio::piped())
+        cmd.args(["__filler", &cpu.to_string()]);
+        if pcp {
+            cmd.arg("--pcp");
+        }
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         // Under --isolate's cgroup v2 partition the filler moves its thread in before it pins
@@ -406,6 +430,27 @@ impl Filler {
             .context("cannot reach the filler process (it has ended)")?;
         self.wait_answer()
     }
+
+    /// kernel-pcp's fill (a filler started with `--pcp`): the frame numbers of the pages it
+    /// freed on its CPU (0 for a page whose number it could not read).
+    fn fill_pcp(&mut self) -> Result<Vec<u64>> {
+        self.fill()?;
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        loop {
+            match self.from.read(&mut b) {
+                Ok(1) if b[0] == b'\n' => break,
+                Ok(1) => line.push(b[0]),
+                _ => bail!("the filler process ended"),
+            }
+        }
+        String::from_utf8_lossy(&line)
+            .split_whitespace()
+            .map(|p| {
+                u64::from_str_radix(p, 16).context("the filler's answer is not a frame number")
+            })
+            .collect()
+    }
 }
 
 impl Drop for Filler {
@@ -415,9 +460,9 @@ impl Drop for Filler {
     }
 }
 
-/// The body of `qpw-emu __filler CPU`: pin, report ready, then fill on request until stdin
-/// closes.
-pub fn filler_main(cpu: usize) -> Result<()> {
+/// The body of `qpw-emu __filler CPU [--pcp]`: pin, report ready, then fill on request until
+/// stdin closes.
+pub fn filler_main(cpu: usize, pcp: bool) -> Result<()> {
     crate::isolate::partition::hook_from_env();
     qpw_core::pin_current_thread(cpu)
         .with_context(|| format!("filler: cannot pin to cpu {cpu}"))?;
@@ -429,6 +474,9 @@ pub fn filler_main(cpu: usize) -> Result<()> {
     stdout.write_all(b"+")?;
     stdout.flush()?;
     let mut b = [0u8; 1];
+    if pcp {
+        return pcp::fill_loop(&mut stdin, &mut stdout);
+    }
     const PAGES: usize = 16;
     const LEN: usize = PAGES * 4096;
     // The pages of the last fill stay mapped until the next one: unmapping runs
@@ -495,7 +543,11 @@ impl KernelLoad {
             _ => None,
         };
         let filler = if drain.needs_filler() {
-            Some(Filler::start(target, cgroup.as_ref())?)
+            Some(Filler::start(
+                target,
+                cgroup.as_ref(),
+                drain == KernelDrain::Pcp,
+            )?)
         } else {
             None
         };
@@ -505,7 +557,12 @@ impl KernelLoad {
             Some(
                 std::thread::Builder::new()
                     .name("qpw-kernel-requester".into())
-                    .spawn(move || requester(drain, requester_cpu, rate_hz, &shared, &phase))
+                    .spawn(move || match drain {
+                        KernelDrain::Pcp => {
+                            pcp::requester(target, requester_cpu, rate_hz, &shared, &phase)
+                        }
+                        _ => requester(drain, requester_cpu, rate_hz, &shared, &phase),
+                    })
                     .with_context(|| {
                         format!("cannot start the requester thread (cpu {requester_cpu})")
                     })?,
@@ -551,7 +608,7 @@ fn requester(
         KernelDrain::Lru => Some("/proc/sys/vm/compact_memory".to_string()),
         KernelDrain::Slub => Some(format!("/sys/kernel/slab/{SLAB_CACHE}/shrink")),
         KernelDrain::Vmstat => Some("/proc/sys/vm/stat_refresh".to_string()),
-        KernelDrain::Memcg => None,
+        KernelDrain::Memcg | KernelDrain::Pcp => None,
     };
     let mut trigger = trigger_path
         .as_ref()
