@@ -11,10 +11,11 @@
 //! So every scenario of `qpw-emu run` counts the target's local timer interrupts (the `LOC`
 //! line of `/proc/interrupts`, which needs no privilege) around each round, and, with the
 //! trace, which timers fired there (`hrtimer_expire_entry`: the tick's `tick_nohz_handler`,
-//! `tick_sched_timer` before 6.10, or a sleeping task's `hrtimer_wakeup`) and which of the
-//! run's own tasks ran there besides the probe (the queue-mode worker `qpw/<cpu>`, the kernel
-//! rows' filler `qpw-filler`; the trace reader and the requester are pinned elsewhere, and
-//! would show here if they were not). The report warns when the idle baseline's tick rate on a
+//! `tick_sched_timer` before 6.10, or a sleeping task's `hrtimer_wakeup`), what kept the tick
+//! on when the kernel tried to stop it (`tick_stop`), and which of the run's own tasks ran
+//! there besides the probe (the queue-mode worker `qpw/<cpu>`, the kernel rows' filler
+//! `qpw-filler`; the trace reader and the requester are pinned elsewhere, and would show here
+//! if they were not). The report warns when the idle baseline's tick rate on a
 //! `nohz_full` target is above [`QUIET_PER_S`].
 
 use std::collections::BTreeMap;
@@ -79,9 +80,9 @@ pub struct TargetTick {
     pub tick_kept_by: BTreeMap<String, u64>,
     /// Seconds the trace covered.
     pub traced_seconds: f64,
-    /// With the trace: the run's own tasks (named `qpw*`: its threads and its filler) that ran
-    /// on the target besides the probe, with how often they took it (runs) and for how long
-    /// in all (microseconds).
+    /// With the trace: the run's own tasks (its threads, by the trace's process ids, and its
+    /// filler) that ran on the target besides the probe, with how often they took it (runs)
+    /// and for how long in all (microseconds).
     pub ours: Vec<Ours>,
 }
 
@@ -110,13 +111,14 @@ impl TargetTick {
         }
     }
 
-    /// Adds one traced round: the timers that fired on the target, the run's own tasks that
-    /// ran there (`noise`: everything but the probe, by source), over `traced` seconds.
+    /// Adds one traced round: the timers that fired on the target, what kept its tick on, the
+    /// run's own tasks that ran there besides the probe (`ours`, from
+    /// [`crate::trace::Traced::tasks_of`]), over `traced` seconds.
     pub fn add_trace(
         &mut self,
         timers: &BTreeMap<String, u64>,
         kept: &BTreeMap<String, u64>,
-        noise: &[crate::trace::SourceFigures],
+        ours: &[crate::trace::SourceFigures],
         traced: f64,
     ) {
         for (f, n) in timers {
@@ -131,10 +133,7 @@ impl TargetTick {
             .filter_map(|f| self.timers.get(*f))
             .sum();
         self.tick_per_s = (self.traced_seconds > 0.0).then(|| ticks as f64 / self.traced_seconds);
-        for s in noise
-            .iter()
-            .filter(|s| s.class == "thread" && s.source.starts_with("qpw"))
-        {
+        for s in ours {
             match self.ours.iter_mut().find(|o| o.name == s.source) {
                 Some(o) => {
                     o.runs += s.count;
@@ -272,7 +271,7 @@ mod tests {
     }
 
     #[test]
-    fn only_the_runs_own_tasks_are_ours_and_the_tick_is_told_from_other_timers() {
+    fn the_runs_own_tasks_are_named_and_the_tick_is_told_from_other_timers() {
         let mut t = TargetTick::default();
         let noise = |source: &str, class: &str, count| crate::trace::SourceFigures {
             source: source.into(),
@@ -291,9 +290,7 @@ mod tests {
             &BTreeMap::new(),
             &[
                 noise("qpw/1", "thread", 3),
-                noise("kworker refresh_vm_stats", "thread", 9),
                 noise("qpw-filler", "thread", 2),
-                noise("vector local_timer", "irq", 4),
             ],
             2.0,
         );

@@ -463,12 +463,16 @@ impl Drop for Filler {
 /// The body of `qpw-emu __filler CPU [--pcp]`: pin, report ready, then fill on request until
 /// stdin closes.
 pub fn filler_main(cpu: usize, pcp: bool) -> Result<()> {
-    crate::isolate::partition::hook_from_env();
-    qpw_core::pin_current_thread(cpu)
-        .with_context(|| format!("filler: cannot pin to cpu {cpu}"))?;
+    // Named first, so that a trace of the target shows it as the filler from its first run
+    // there.
     let name = std::ffi::CString::new("qpw-filler")?;
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
     unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+    crate::isolate::partition::hook_from_env();
+    // Not `pin_current_thread`, which checks the CPU against the affinity this process started
+    // with: `qpw-emu run` keeps its main thread, which starts the filler, off the target.
+    qpw_core::set_current_affinity(&qpw_core::CpuSet::from_iter([cpu]))
+        .with_context(|| format!("filler: cannot pin to cpu {cpu}"))?;
     let mut stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(b"+")?;
