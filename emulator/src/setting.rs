@@ -235,6 +235,14 @@ impl Changed {
         records: Option<&Path>,
     ) -> Result<Self> {
         let lock = records.map(DirLock::take).transpose()?;
+        // A second Ctrl-C is putting everything back: change nothing more (checked under the
+        // records' lock, which the exit hooks take to put a setting back).
+        if crate::signals::exiting() {
+            anyhow::bail!(
+                "not changing {}: the run is exiting (a second Ctrl-C)",
+                path.display()
+            );
+        }
         let found = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         // Another run of ours that has it changed recorded what was there before it: that is

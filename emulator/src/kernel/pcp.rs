@@ -82,6 +82,9 @@ pub fn preflight() -> Result<()> {
              kernel-pcp sets off drain_all_pages"
         );
     }
+    // The try changes the pool: a Ctrl-C now must stop the run in order (the guard puts the
+    // pool back), not end the process before the command takes the signals.
+    let _ = crate::signals::install();
     let pool = Pool::new()?;
     let t = pool.trigger()?;
     if !t.allocated {
