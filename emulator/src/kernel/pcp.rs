@@ -72,6 +72,9 @@ const EVENTS: [&str; 2] = ["kmem/mm_page_pcpu_drain", "workqueue/workqueue_queue
 /// in the guests (about 40 bytes each), and overruns are counted.
 const BUFFER_KB: u64 = 0;
 
+/// Tries of the trigger before kernel-pcp is refused.
+const PREFLIGHT_TRIES: usize = 3;
+
 /// Checks that a 1 GiB huge page can be had here: the pool exists (a CPU with 1 GiB pages,
 /// hugetlbfs), and one try at the trigger allocates it (and gives it back).
 pub fn preflight() -> Result<()> {
@@ -86,14 +89,23 @@ pub fn preflight() -> Result<()> {
     // pool back), not end the process before the command takes the signals.
     let _ = crate::signals::install();
     let pool = Pool::new()?;
-    let t = pool.trigger()?;
+    // A range the kernel's own unmovable pages (slab, page tables) sit in cannot be isolated;
+    // they come and go, so a failure is tried again before the row is refused.
+    let mut t = pool.trigger()?;
+    for _ in 1..PREFLIGHT_TRIES {
+        if t.allocated {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        t = pool.trigger()?;
+    }
     if !t.allocated {
         let free = meminfo_kb("MemFree").map_or("?".into(), |kb| format!("{}", kb / 1024));
         bail!(
-            "the kernel found no free 1 GiB range for a huge page ({POOL} read back {} after \
-             writing {}; {free} MiB free): kernel-pcp sets off drain_all_pages by allocating \
-             one, which needs a zone with a 1 GiB aligned range of movable memory (a qemu guest \
-             of 3 GiB has none; give it 6 GiB: guest/qpw-guest --memory 6144)",
+            "the kernel found no free 1 GiB range for a huge page in {PREFLIGHT_TRIES} tries \
+             ({POOL} read back {} after writing {}; {free} MiB free): kernel-pcp sets off \
+             drain_all_pages by allocating one, which needs a zone with a 1 GiB aligned range \
+             holding no unmovable page (guest/qpw-guest gives its guests six, above 4 GiB)",
             t.read_back.trim(),
             pool.changed.written()
         );
