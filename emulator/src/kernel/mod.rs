@@ -488,36 +488,43 @@ pub fn filler_main(cpu: usize, pcp: bool) -> Result<()> {
     // the very LRU batch that kernel-lru's drain is to find full. So each fill first unmaps
     // the last fill's pages (which frees its maple-tree nodes into this CPU's slab), then maps
     // and touches new ones (LRU batch, memcg charges and stock, new nodes).
-    let mut last: Option<*mut libc::c_void> = None;
+    let mut last: Option<*mut u8> = None;
     while stdin.read(&mut b)? == 1 {
-        // SAFETY: `last` is a mapping of LEN bytes made below and not unmapped since; the new
-        // anonymous private mapping is written only within its length.
-        let ok = unsafe {
-            if let Some(p) = last.take() {
-                libc::munmap(p, LEN);
-            }
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            if p == libc::MAP_FAILED {
-                false
-            } else {
-                for i in 0..PAGES {
-                    std::ptr::write_volatile(p.cast::<u8>().add(i * 4096), 1);
-                }
-                last = Some(p);
-                true
-            }
-        };
+        if let Some(p) = last.take() {
+            // SAFETY: `p` is a mapping of LEN bytes made by `map_and_touch` and not unmapped
+            // since.
+            unsafe { libc::munmap(p.cast(), LEN) };
+        }
+        last = map_and_touch(PAGES);
+        let ok = last.is_some();
         stdout.write_all(if ok { b"+" } else { b"!" })?;
         stdout.flush()?;
     }
     Ok(())
+}
+
+/// Maps `pages` anonymous private pages and writes one byte to each: a page fault apiece, so
+/// that each page comes off this CPU's pcp lists and onto its LRU batch (and, in a memory
+/// cgroup, is charged through this CPU's stock). `None` when `mmap` fails.
+fn map_and_touch(pages: usize) -> Option<*mut u8> {
+    // SAFETY: a fresh anonymous private mapping of `pages` pages, written only within it.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            pages * 4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        for i in 0..pages {
+            std::ptr::write_volatile(p.cast::<u8>().add(i * 4096), 1);
+        }
+        Some(p.cast())
+    }
 }
 
 /// The kernel drain load: the requester thread, with the filler and the cgroup it needs.

@@ -641,33 +641,20 @@ pub(super) fn fill_loop(stdin: &mut impl Read, stdout: &mut impl Write) -> Resul
     let pagemap = std::fs::File::open("/proc/self/pagemap").ok();
     let mut b = [0u8; 1];
     while stdin.read(&mut b)? == 1 {
-        // SAFETY: a fresh anonymous private mapping of LEN bytes, written only within its
-        // length and unmapped before the next one.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
+        let Some(p) = super::map_and_touch(FILL_PAGES) else {
             stdout.write_all(b"!")?;
             stdout.flush()?;
             continue;
-        }
-        let mut pfns = Vec::with_capacity(FILL_PAGES);
-        for i in 0..FILL_PAGES {
-            // SAFETY: within the mapping (see above).
-            let page = unsafe { p.cast::<u8>().add(i * 4096) };
-            // SAFETY: as above.
-            unsafe { std::ptr::write_volatile(page, 1) };
-            pfns.push(pagemap.as_ref().map_or(0, |f| pfn_of(f, page as usize)));
-        }
-        // SAFETY: the mapping made above, unmapped once.
-        unsafe { libc::munmap(p, LEN) };
+        };
+        let pfns: Vec<u64> = (0..FILL_PAGES)
+            .map(|i| {
+                pagemap
+                    .as_ref()
+                    .map_or(0, |f| pfn_of(f, p as usize + i * 4096))
+            })
+            .collect();
+        // SAFETY: the mapping of LEN bytes made above, unmapped once.
+        unsafe { libc::munmap(p.cast(), LEN) };
         let line: Vec<String> = pfns.iter().map(|p| format!("{p:x}")).collect();
         stdout.write_all(b"+")?;
         stdout.write_all(line.join(" ").as_bytes())?;
@@ -737,6 +724,16 @@ mod tests {
         }
     }
 
+    fn queued(to: i64) -> Event {
+        Event {
+            kind: EventKind::WorkQueued {
+                function: "lru_add_drain_per_cpu".into(),
+                cpu: to,
+            },
+            ..drain(0, 700, "qpw-kernel-requ", 0)
+        }
+    }
+
     #[test]
     fn the_targets_pages_are_told_by_who_drained_them() {
         let before = parse_zoneinfo(ZONEINFO);
@@ -757,28 +754,9 @@ mod tests {
             drain(1, 55, "kworker/1:1", 0x102ce7),
             // Not the filler's.
             drain(0, 700, "qpw-kernel-requ", 0x3c00),
-            Event {
-                cpu: 0,
-                ts: 0,
-                pid: 700,
-                comm: "qpw-kernel-requ".into(),
-                tgid: None,
-                kind: EventKind::WorkQueued {
-                    function: "lru_add_drain_per_cpu".into(),
-                    cpu: 1,
-                },
-            },
-            Event {
-                cpu: 0,
-                ts: 0,
-                pid: 700,
-                comm: "qpw-kernel-requ".into(),
-                tgid: None,
-                kind: EventKind::WorkQueued {
-                    function: "lru_add_drain_per_cpu".into(),
-                    cpu: 0,
-                },
-            },
+            // LRU work the requester queued to the target, and to its own CPU.
+            queued(1),
+            queued(0),
         ];
         r.triggers = 1;
         r.add_trigger(&pfns, &before, &after, &events, 700);
