@@ -314,6 +314,12 @@ impl Instance {
         self.write(&format!("events/{event}/filter"), filter)
     }
 
+    /// Turns one of the instance's `options/` on or off (`overwrite`: when the ring buffer is
+    /// full, off drops the newest events instead of overwriting the oldest).
+    pub fn set_option(&self, option: &str, on: bool) -> Result<()> {
+        self.write(&format!("options/{option}"), if on { "1" } else { "0" })
+    }
+
     /// Starts recording.
     pub fn tracing_on(&self) -> Result<()> {
         self.write("tracing_on", "1")
