@@ -281,6 +281,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
             false
         }
     };
+    // What each kernel workload's preflight left ready (kernel-pcp's held page), for the run.
+    let mut ready: BTreeMap<String, crate::kernel::Ready> = BTreeMap::new();
     let asked: Vec<WorkloadName> = if args.workloads.is_none() && tracing {
         let mut all = asked;
         for k in crate::kernel::KernelDrain::ALL {
@@ -295,14 +297,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 continue;
             }
             match crate::kernel::preflight(k) {
-                Ok(()) => all.push(WorkloadName::Kernel(k)),
+                Ok(r) => {
+                    ready.insert(k.name().to_string(), r);
+                    all.push(WorkloadName::Kernel(k));
+                }
                 Err(e) => notes.push(format!("no {k} row: {e:#}")),
             }
         }
         all
     } else {
         for k in asked.iter().filter_map(|w| w.kernel()) {
-            crate::kernel::preflight(k)?;
+            ready.insert(k.name().to_string(), crate::kernel::preflight(k)?);
         }
         asked
     };
@@ -434,6 +439,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         isolation: None,
         isolation_report: None,
         nohz_full: crate::tick::is_nohz_full(target),
+        ready,
     };
 
     // Every round runs every scenario once, so that slow drifts in the machine's noise fall on
@@ -449,8 +455,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
             ctx.write_all()?;
         }
     }
-    // Put back what --isolate changed before the report, so that nothing waits on the reader.
+    // Put back what --isolate changed before the report, so that nothing waits on the reader,
+    // and give kernel-pcp's held page back.
     ctx.isolation = None;
+    ctx.ready.clear();
     ctx.conclude();
     ctx.write_all()?;
     let rows = ctx.rows();
@@ -594,6 +602,9 @@ struct Ctx {
     isolation_report: Option<crate::isolate::IsolationReport>,
     /// Whether the kernel runs the target tickless (`nohz_full`).
     nohz_full: bool,
+    /// What each kernel workload's preflight left ready (kernel-pcp's held page, given back
+    /// when the run ends, whichever way).
+    ready: BTreeMap<String, crate::kernel::Ready>,
 }
 
 /// Gaps kept for attribution: from 1 us, so that the threshold can be derived afterwards.
@@ -640,6 +651,11 @@ impl Ctx {
             owner_polls: acc.polls,
             requester_prio: None,
             target_cpu: self.target,
+            kernel_ready: self
+                .ready
+                .get(acc.name.as_str())
+                .cloned()
+                .unwrap_or_default(),
         };
         let session = if self.tracing {
             match Session::start(&target_set, Some(self.housekeeping)) {

@@ -111,8 +111,8 @@ impl KernelDrain {
                                    v2), which runs drain_all_stock"
                 .to_string(),
             KernelDrain::Pcp => format!(
-                "allocates a 1 GiB huge page and frees it (writes one more, then the old number, \
-                 to {}), which runs drain_all_pages on the page's zone",
+                "holds a 1 GiB huge page for the run (writes one more to {}) and at each trigger \
+                 frees it and allocates it again, which runs drain_all_pages on the page's zone",
                 pcp::POOL
             ),
         }
@@ -168,8 +168,28 @@ impl std::fmt::Display for KernelDrain {
     }
 }
 
-/// Checks, before anything starts, that `drain` can run here: root, and the file it writes.
-pub fn preflight(drain: KernelDrain) -> Result<()> {
+/// What a preflight leaves ready for the run's triggers: for kernel-pcp, the 1 GiB huge page
+/// its try allocated, held from then on ([`pcp::Pool`]; freed when the last clone is dropped).
+#[derive(Debug, Clone, Default)]
+pub struct Ready {
+    /// kernel-pcp's pool, its page held.
+    pub pcp_pool: Option<pcp::SharedPool>,
+}
+
+/// Checks, before anything starts, that `drain` can run here (root, and the file it writes;
+/// kernel-pcp also tries its trigger), and returns what it leaves ready.
+pub fn preflight(drain: KernelDrain) -> Result<Ready> {
+    check(drain)?;
+    Ok(Ready {
+        pcp_pool: match drain {
+            KernelDrain::Pcp => Some(pcp::preflight()?),
+            _ => None,
+        },
+    })
+}
+
+/// The checks of [`preflight`] that change nothing: root, and the file the drain writes.
+fn check(drain: KernelDrain) -> Result<()> {
     // SAFETY: `geteuid` has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -186,7 +206,10 @@ pub fn preflight(drain: KernelDrain) -> Result<()> {
         ),
         KernelDrain::Vmstat => need_file("/proc/sys/vm/stat_refresh", "CONFIG_PROC_FS"),
         KernelDrain::Memcg => MemCgroup::locate().map(|_| ()),
-        KernelDrain::Pcp => pcp::preflight(),
+        KernelDrain::Pcp => need_file(
+            pcp::POOL,
+            "1 GiB huge pages (the pdpe1gb CPU flag, CONFIG_HUGETLBFS)",
+        ),
     }
 }
 
@@ -540,15 +563,22 @@ const FILL_TO_TRIGGER: std::time::Duration = std::time::Duration::from_millis(1)
 
 impl KernelLoad {
     /// Sets up `drain` (cgroup and filler on `target`) and starts the requester on
-    /// `requester_cpu`; it fires `rate_hz` times a second once `phase` goes.
+    /// `requester_cpu`; it fires `rate_hz` times a second once `phase` goes. `ready` is what
+    /// [`preflight`] left (kernel-pcp's held page; a pool of its own is made without it).
     pub fn start(
         drain: KernelDrain,
         target: usize,
         requester_cpu: usize,
         rate_hz: f64,
         phase: &Arc<Phase>,
+        ready: &Ready,
     ) -> Result<Self> {
-        preflight(drain)?;
+        check(drain)?;
+        let pcp_pool = match (drain, &ready.pcp_pool) {
+            (KernelDrain::Pcp, Some(p)) => Some(p.clone()),
+            (KernelDrain::Pcp, None) => Some(pcp::shared(pcp::Pool::new()?)),
+            _ => None,
+        };
         let cgroup = match drain {
             KernelDrain::Memcg => Some(MemCgroup::create()?),
             _ => None,
@@ -568,9 +598,9 @@ impl KernelLoad {
             Some(
                 std::thread::Builder::new()
                     .name("qpw-kernel-requester".into())
-                    .spawn(move || match drain {
-                        KernelDrain::Pcp => {
-                            pcp::requester(target, requester_cpu, rate_hz, &shared, &phase)
+                    .spawn(move || match (drain, pcp_pool) {
+                        (KernelDrain::Pcp, Some(pool)) => {
+                            pcp::requester(target, requester_cpu, rate_hz, &shared, &phase, &pool)
                         }
                         _ => requester(drain, requester_cpu, rate_hz, &shared, &phase),
                     })

@@ -14,7 +14,9 @@
 //! 1 GiB range (`alloc_contig_pages()`), isolate it (`start_isolate_page_range()`), and then
 //! call `drain_all_pages(zone)` for the range's zone so that pages cached on the pcp lists come
 //! back to the buddy lists; it migrates what is in use out of the range and takes it. Writing
-//! the old number back frees the page. The others were ruled out: memory offlining
+//! the old number back frees the page. The run holds one such page from its preflight on, and
+//! each trigger frees it and allocates it again ([`Pool`]: a fresh range is often not to be
+//! had once the kernel's own unmovable pages have spread). The others were ruled out: memory offlining
 //! (`zone_pcp_disable()`) fails on most blocks of a VM and queues LRU work to every CPU
 //! (`lru_cache_disable()`); `compact_memory` does not call `drain_all_pages()`; kcompactd and
 //! the direct-reclaim retry are not ours to set off; `/proc/pagetypeinfo` drains only with
@@ -78,20 +80,14 @@ const BUFFER_KB: u64 = 0;
 /// Tries of the trigger before kernel-pcp is refused.
 const PREFLIGHT_TRIES: usize = 3;
 
-/// Checks that a 1 GiB huge page can be had here: the pool exists (a CPU with 1 GiB pages,
-/// hugetlbfs), and one try at the trigger allocates it (and gives it back).
-pub fn preflight() -> Result<()> {
-    if !Path::new(POOL).exists() {
-        bail!(
-            "{POOL} does not exist: this kernel or CPU has no 1 GiB huge pages (x86-64 needs the \
-             pdpe1gb CPU flag, and the kernel CONFIG_HUGETLBFS), and allocating one is how \
-             kernel-pcp sets off drain_all_pages"
-        );
-    }
+/// Checks that a 1 GiB huge page can be had here (the caller checked that the pool exists):
+/// tries the trigger, and returns the pool with the page it allocated, held for the run's
+/// triggers.
+pub fn preflight() -> Result<SharedPool> {
     // The try changes the pool: a Ctrl-C now must stop the run in order (the guard puts the
     // pool back), not end the process before the command takes the signals.
     let _ = crate::signals::install();
-    let pool = Pool::new()?;
+    let mut pool = Pool::new()?;
     // A range the kernel's own unmovable pages (slab, page tables) sit in cannot be isolated;
     // they come and go, so a failure is tried again before the row is refused.
     let mut t = pool.trigger()?;
@@ -113,7 +109,7 @@ pub fn preflight() -> Result<()> {
             pool.changed.written()
         );
     }
-    Ok(())
+    Ok(shared(pool))
 }
 
 fn meminfo_kb(key: &str) -> Option<u64> {
@@ -129,10 +125,28 @@ fn meminfo_kb(key: &str) -> Option<u64> {
     })
 }
 
-/// The pool, raised by one and lowered again at each trigger; put back on every way out.
+/// The pool, one page more than it had while the run holds its page; put back on every way
+/// out.
+///
+/// A trigger frees the held page and allocates it again: the kernel looks for a free range from
+/// the zone's start, skips those it cannot isolate (one unmovable page of the kernel's in a
+/// range is enough, and after a few minutes of the default run most ranges of a guest held one
+/// in the 6.1-rt guest: 1 fresh allocation in 19 succeeded) and takes the one just freed, which
+/// nothing had time to take a page of. Holding a gigabyte for the length of a run costs the
+/// machine that gigabyte, nothing else.
 #[derive(Debug)]
 pub struct Pool {
     changed: Changed,
+    /// Whether the run holds the page now (the pool reads one more than it did).
+    held: bool,
+}
+
+/// The pool, shared by the scenarios of one run (the page stays held between them).
+pub type SharedPool = std::sync::Arc<Mutex<Pool>>;
+
+/// `pool`, to share.
+pub fn shared(pool: Pool) -> SharedPool {
+    std::sync::Arc::new(Mutex::new(pool))
 }
 
 /// What one trigger did.
@@ -164,19 +178,34 @@ impl Pool {
             },
             Some(Path::new(crate::isolate::STATE_DIR)),
         )?;
-        Ok(Self { changed })
+        Ok(Self {
+            changed,
+            held: false,
+        })
     }
 
-    /// One trigger: one more page in the pool (the kernel allocates it, draining the range's
-    /// zone on every CPU), then the pool back to its size (the page freed).
-    pub fn trigger(&self) -> Result<Trigger> {
+    /// One trigger: the held page freed (when the run holds one), then one more page in the
+    /// pool (the kernel allocates it, draining the range's zone on every CPU), held until the
+    /// next trigger or the guard's end.
+    pub fn trigger(&mut self) -> Result<Trigger> {
+        if self.held {
+            self.held = false;
+            self.changed.write_saved().with_context(|| {
+                format!(
+                    "cannot write {} back to {POOL}",
+                    self.changed.saved().trim()
+                )
+            })?;
+        }
         let before = zones();
         let t0 = monotonic_ns();
         let raised = self.changed.write_changed();
         let raise_ns = monotonic_ns() - t0;
         let read_back = std::fs::read_to_string(POOL).unwrap_or_default();
         let held = zones();
-        let lowered = self.changed.write_saved();
+        raised.with_context(|| format!("cannot write {} to {POOL}", self.changed.written()))?;
+        let allocated = read_back.trim() == self.changed.written().trim();
+        self.held = allocated;
         const HALF_GIB_PAGES: u64 = (1 << 29) / 4096;
         let zone = held
             .iter()
@@ -187,15 +216,8 @@ impl Pool {
                     .is_some_and(|b| b.free >= z.free + HALF_GIB_PAGES)
             })
             .map(|z| z.name.clone());
-        raised.with_context(|| format!("cannot write {} to {POOL}", self.changed.written()))?;
-        lowered.with_context(|| {
-            format!(
-                "cannot write {} back to {POOL}",
-                self.changed.saved().trim()
-            )
-        })?;
         Ok(Trigger {
-            allocated: read_back.trim() == self.changed.written().trim(),
+            allocated,
             read_back,
             raise_ns,
             zone,
@@ -543,13 +565,14 @@ impl PcpTrace {
 }
 
 /// The requester of kernel-pcp: at `rate_hz` once `phase` goes, a fill of the target's pcp
-/// lists, then a trigger, read in the pcp trace.
+/// lists, then a trigger of `pool`, read in the pcp trace.
 pub(super) fn requester(
     target: usize,
     cpu: usize,
     rate_hz: f64,
     shared: &Mutex<(Option<Filler>, Option<MemCgroup>)>,
     phase: &Phase,
+    pool: &SharedPool,
 ) -> Result<(RequesterReport, DrainTimes)> {
     qpw_core::pin_current_thread(cpu)
         .with_context(|| format!("cannot pin the requester to cpu {cpu}"))?;
@@ -566,7 +589,6 @@ pub(super) fn requester(
         target_cpu: target,
         ..PcpReport::default()
     };
-    let pool = Pool::new()?;
     let mut trace = match PcpTrace::start(target, cpu) {
         Ok(t) => {
             pcp.traced = true;
@@ -605,7 +627,7 @@ pub(super) fn requester(
         }
         let before = zones();
         std::thread::sleep(FILL_TO_TRIGGER);
-        let out = pool.trigger();
+        let out = pool.lock().unwrap_or_else(|e| e.into_inner()).trigger();
         let after = zones();
         report.drains += 1;
         pcp.triggers += 1;
