@@ -109,6 +109,10 @@ pub struct TraceArgs {
 pub struct FillerArgs {
     /// The CPU to fill.
     pub cpu: usize,
+    /// kernel-pcp's fill: free the pages at once (onto the CPU's pcp lists) and answer with
+    /// their frame numbers.
+    #[arg(long)]
+    pub pcp: bool,
 }
 
 /// The drain options shared by the probes and the load.
@@ -125,8 +129,9 @@ pub struct DrainArgs {
     /// the running kernel's own drains (root): kernel-lru (compacts memory:
     /// lru_add_drain_all), kernel-slub (shrinks the maple_node slab: flush_all), kernel-vmstat
     /// (stat_refresh: refresh_vm_stats on every CPU), kernel-memcg (a memory cgroup of its own,
-    /// created and removed, emptied: drain_all_stock). `qpw-emu oslat` takes it as
-    /// --drain-workload only (its -w/--workload is oslat's).
+    /// created and removed, emptied: drain_all_stock), kernel-pcp (a 1 GiB huge page
+    /// allocated and freed: drain_all_pages, which drains every CPU from the caller since 6.0).
+    /// `qpw-emu oslat` takes it as --drain-workload only (its -w/--workload is oslat's).
     #[arg(
         short = 'w',
         long,
@@ -140,7 +145,8 @@ pub struct DrainArgs {
     #[arg(skip = "--workload")]
     pub workload_flag: &'static str,
     /// Requester drains per second, 0-100000 (0: no drains). Default 1000; for kernel
-    /// workloads their own (kernel-lru 2, kernel-slub and kernel-vmstat 50, kernel-memcg 20).
+    /// workloads their own (kernel-lru 2, kernel-slub and kernel-vmstat 50, kernel-memcg 20,
+    /// kernel-pcp 1).
     #[arg(long, value_name = "HZ", allow_hyphen_values = true)]
     pub drain_rate: Option<String>,
     /// Process-context load on the other CPUs: on or off.
@@ -213,8 +219,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Workloads, comma-separated: lru, memcg, slub, pcp, counter, kernel-lru, kernel-slub,
-    /// kernel-vmstat, kernel-memcg (default: lru,memcg,slub, and as root with tracefs the four
-    /// kernel workloads).
+    /// kernel-vmstat, kernel-memcg, kernel-pcp (default: lru,memcg,slub,pcp, and as root with
+    /// tracefs the five kernel workloads).
     #[arg(long, value_name = "LIST", allow_hyphen_values = true)]
     pub workloads: Option<String>,
     /// The modes each emulated workload runs in, comma-separated: queue, remote, fenced

@@ -93,6 +93,7 @@ pub fn resolve_drain(
         CpuSet::new()
     };
     let workload = workload.unwrap_or_else(WorkloadName::default_mm);
+    let mut kernel_ready = crate::kernel::Ready::default();
     if let Some(k) = workload.kernel() {
         if let Some(m) = mode.filter(|m| m.is_remote()) {
             bail!(
@@ -102,7 +103,7 @@ pub fn resolve_drain(
             );
         }
         // Refuse now, before any set-up, when the kernel's drain cannot run here.
-        crate::kernel::preflight(k)?;
+        kernel_ready = crate::kernel::preflight(k)?;
     }
     let rate = match (rate, workload.kernel()) {
         (Some(r), _) => r,
@@ -125,6 +126,7 @@ pub fn resolve_drain(
         owner_polls: false,
         requester_prio: None,
         target_cpu,
+        kernel_ready,
     }))
 }
 
@@ -300,6 +302,9 @@ pub fn print_requester(o: &Outcome) {
         if let Some(e) = &r.first_error {
             eprintln!("# qpw-emu   first drain error: {e}");
         }
+    }
+    if let Some(p) = o.requester.as_ref().and_then(|r| r.kernel_pcp.as_ref()) {
+        eprintln!("# qpw-emu   kernel-pcp: {}", p.line());
     }
     if o.kernel_workload {
         eprintln!(

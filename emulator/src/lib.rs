@@ -60,7 +60,9 @@
 //! 4. **One module per concern** under those: the probes ([`oslat`], [`cyclictest`]) and what
 //!    they do alike with their threads ([`threads`]), their clock ([`clock`]), histograms
 //!    ([`hist`]), the real-time setup and its warnings ([`rt`]), Ctrl-C ([`signals`]), the
-//!    isolation and RT throttling ([`isolate`], [`throttling`]), the load ([`load`],
+//!    isolation and RT throttling ([`isolate`], [`throttling`]), the settings a run changes and
+//!    records for the next run to put back should it be killed ([`setting`]), the measured CPU's
+//!    tick and what the run itself puts there ([`tick`]), the load ([`load`],
 //!    [`scenario`], [`workload`]), the built-in minimal workload ([`counter`]), the kernel's
 //!    own drains ([`kernel`]), the trace ([`trace`]), and one exporter per format ([`json`],
 //!    [`svg`], [`table`]).
@@ -117,11 +119,13 @@ pub mod probe_trace;
 pub mod progress;
 pub mod rt;
 pub mod scenario;
+pub mod setting;
 pub mod signals;
 pub mod svg;
 pub mod table;
 pub mod threads;
 pub mod throttling;
+pub mod tick;
 pub mod trace;
 pub mod validate;
 pub mod workload;

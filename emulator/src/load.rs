@@ -212,6 +212,9 @@ pub struct RequesterReport {
     /// Drain time histogram: the HDR histogram's non-zero buckets, keyed by their upper edge
     /// in microseconds (three significant digits).
     pub histogram_us: Vec<(f64, u64)>,
+    /// kernel-pcp: who drained the measured CPU's pcp pages, and what was queued to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_pcp: Option<crate::kernel::pcp::PcpReport>,
 }
 
 impl RequesterReport {
@@ -237,6 +240,11 @@ impl RequesterReport {
         self.whole_skipped += other.whole_skipped;
         self.flags_answered += other.flags_answered;
         self.flags_fenced += other.flags_fenced;
+        match (&mut self.kernel_pcp, &other.kernel_pcp) {
+            (Some(mine), Some(theirs)) => mine.add(theirs),
+            (None, Some(theirs)) => self.kernel_pcp = Some(theirs.clone()),
+            _ => {}
+        }
         if self.first_error.is_none() {
             self.first_error.clone_from(&other.first_error);
         }

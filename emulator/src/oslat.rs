@@ -144,6 +144,8 @@ pub struct OslatThread {
     pub gaps: Vec<(u64, u64)>,
     /// Long gaps past [`GAP_LOG_CAPACITY`], counted but not kept.
     pub gaps_not_kept: u64,
+    /// The measuring window, in counter readings (first, last), which a trace shares.
+    pub window: (u64, u64),
 }
 
 /// A whole run.
@@ -511,6 +513,7 @@ fn thread_main(
         voluntary_switches,
         gaps,
         gaps_not_kept,
+        window: (start, stop),
     })
 }
 

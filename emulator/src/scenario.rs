@@ -40,6 +40,8 @@ pub struct DrainSpec {
     pub requester_prio: Option<i32>,
     /// The measured CPU (a kernel workload's filler runs there).
     pub target_cpu: usize,
+    /// For a kernel workload: what its preflight left ready (kernel-pcp's held page).
+    pub kernel_ready: crate::kernel::Ready,
 }
 
 /// A scenario set up and waiting for the probe's go.
@@ -143,6 +145,7 @@ fn setup_kernel(spec: &DrainSpec, k: crate::kernel::KernelDrain) -> Result<Setup
         spec.requester_cpu,
         spec.drain_rate_hz,
         &phase,
+        &spec.kernel_ready,
     )?;
     Ok(Setup {
         qpw,
@@ -171,6 +174,12 @@ impl Setup {
     pub fn describe(&self) -> String {
         match &self.load {
             Running::Emulated(_) => self.qpw.describe(),
+            Running::Kernel(_, k) if k.is_remote() => format!(
+                "the running kernel's own drains: {} (mode 1 since 6.0: no work on the other \
+                 CPUs, the caller drains each one under its lock; before 6.0, {} on each)",
+                k.effect(),
+                k.work_functions().join(", ")
+            ),
             Running::Kernel(_, k) => format!(
                 "the running kernel's own drains: {} (work on each CPU: {})",
                 k.effect(),

@@ -31,6 +31,8 @@ pub type ExitHook = Box<dyn Fn() + Send + Sync>;
 
 struct State {
     interrupted: AtomicBool,
+    /// Set (under the hooks' lock) when a forced exit has begun running the hooks.
+    exiting: AtomicBool,
     /// The first signal's number (0: none yet).
     first: AtomicI32,
     /// When the first signal came.
@@ -45,6 +47,7 @@ fn state() -> &'static State {
     static STATE: OnceLock<State> = OnceLock::new();
     STATE.get_or_init(|| State {
         interrupted: AtomicBool::new(false),
+        exiting: AtomicBool::new(false),
         first: AtomicI32::new(0),
         first_at: OnceLock::new(),
         wakes: Mutex::new(0),
@@ -127,22 +130,41 @@ fn forces_exit(first: i32, signal: i32, since_first: Duration) -> bool {
     signal != first || since_first >= SAME_REQUEST
 }
 
-/// Runs the exit hooks (newest first) and forgets them.
+/// Runs the exit hooks (newest first) and forgets them, until none is left: another thread of
+/// the run may register one while they run (it runs its own from then on, [`on_forced_exit`]).
 fn run_exit_hooks() {
-    let hooks = std::mem::take(&mut *state().hooks.lock().unwrap_or_else(|e| e.into_inner()));
-    for hook in hooks.iter().rev() {
-        hook();
+    loop {
+        let hooks = {
+            let mut list = state().hooks.lock().unwrap_or_else(|e| e.into_inner());
+            state().exiting.store(true, Ordering::SeqCst);
+            std::mem::take(&mut *list)
+        };
+        if hooks.is_empty() {
+            return;
+        }
+        for hook in hooks.iter().rev() {
+            hook();
+        }
     }
 }
 
 /// Registers a clean-up for a forced exit (a second Ctrl-C). The caller still undoes its change
 /// on the normal paths (a guard's `Drop`); a hook must therefore be harmless to run after that.
+/// Once the forced exit has begun, the hook runs at once, in the caller.
 pub fn on_forced_exit(hook: ExitHook) {
-    state()
-        .hooks
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(hook);
+    let mut list = state().hooks.lock().unwrap_or_else(|e| e.into_inner());
+    if state().exiting.load(Ordering::SeqCst) {
+        drop(list);
+        hook();
+    } else {
+        list.push(hook);
+    }
+}
+
+/// Whether a forced exit (a second Ctrl-C) has begun: nothing new may be changed on the
+/// system from then on.
+pub fn exiting() -> bool {
+    state().exiting.load(Ordering::SeqCst)
 }
 
 /// Whether SIGINT, SIGTERM or SIGHUP arrived, or the standard output was closed.

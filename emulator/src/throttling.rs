@@ -17,12 +17,10 @@
 //!
 //! A run killed with SIGKILL runs neither, and RT throttling would stay off for the whole
 //! machine. So before it writes -1 a run records the value it found in
-//! `/run/qpw-emu/rt-throttling-<pid>.json` ([`STATE_DIR`](crate::isolate::STATE_DIR), beside
-//! `--isolate`'s record), and every later `qpw-emu` started as root puts back what a run that
-//! no longer exists recorded ([`recover_stale`]), and says so. Runs that overlap (two shells,
-//! two test suites) share the setting: a run that finds another live run's record takes the
-//! value to put back from it (not the -1 that run wrote), and only the last one to end writes
-//! it back. The records are read and written under a lock (`flock` on the directory).
+//! `/run/qpw-emu/rt-throttling-<pid>.json`, and every later `qpw-emu` started as root puts back
+//! what a run that no longer exists recorded ([`recover_stale`]), and says so; runs that overlap
+//! share the setting, and only the last one to end writes it back. The mechanism is
+//! [`crate::setting`]'s, which kernel-pcp's huge-page pool shares.
 //!
 //! Since Linux 6.12 the relief comes from the *fair server* (a deadline server that gives
 //! `SCHED_OTHER` tasks 50 ms of each second on a CPU an RT task hogs, set per CPU in debugfs
@@ -31,14 +29,13 @@
 //! all the same, and the fair server's files refuse even root. The flag still writes the sysctl
 //! (the knob of older kernels and of RT group scheduling) and its warning says this.
 
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::rt::Warnings;
+use crate::setting::{Changed, Kind};
 
 /// Where the kernel keeps the RT budget per period (-1: no throttling).
 pub const RUNTIME_PATH: &str = "/proc/sys/kernel/sched_rt_runtime_us";
@@ -64,7 +61,7 @@ impl RtThrottling {
         Self {
             runtime_us: read_int(Path::new(RUNTIME_PATH)),
             period_us: read_int(Path::new(PERIOD_PATH)),
-            restored_to_us: off.and_then(|o| o.saved.trim().parse().ok()),
+            restored_to_us: off.and_then(|o| o.saved().trim().parse().ok()),
         }
     }
 
@@ -92,135 +89,18 @@ fn read_int(path: &Path) -> Option<i64> {
 
 /// RT throttling turned off (`-1` written to `sched_rt_runtime_us`) until dropped; the value
 /// it found is written back then, or by the forced-exit hook on a second Ctrl-C, unless another
-/// live run still has it off (see the module docs).
+/// live run still has it off (a [`Changed`] setting, see [`crate::setting`]).
 #[derive(Debug)]
 #[must_use = "throttling is restored when the guard is dropped"]
 pub struct ThrottlingOff {
-    path: PathBuf,
-    saved: String,
-    /// Where the records are kept (`None`: nothing recorded, in unit tests).
-    records: Option<PathBuf>,
-    /// Set once the value was put back (by `Drop` or by the forced-exit hook).
-    restored: Arc<AtomicBool>,
+    changed: Changed,
 }
 
-/// What a run that turned RT throttling off records before it writes -1.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct Record {
-    /// The run's process.
-    pid: u32,
-    /// The sysctl file.
-    path: PathBuf,
-    /// The value to put back: what was there before any run of ours turned it off.
-    saved: String,
-}
-
-/// The record file of process `pid` in `dir`.
-fn record_file(dir: &Path, pid: u32) -> PathBuf {
-    dir.join(format!("rt-throttling-{pid}.json"))
-}
-
-/// Every record in `dir`, with whether its run has ended.
-fn records_in(dir: &Path) -> Vec<(PathBuf, Record, bool)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| {
-            let path = e.path();
-            let name = path.file_name()?.to_str()?;
-            name.strip_prefix("rt-throttling-")?.strip_suffix(".json")?;
-            let r: Record = serde_json::from_str(&std::fs::read_to_string(&path).ok()?).ok()?;
-            let gone = crate::rt::process_gone(r.pid);
-            Some((path, r, gone))
-        })
-        .collect()
-}
-
-/// An exclusive `flock` on the directory `dir` (made if missing), held until dropped.
-struct DirLock {
-    /// The directory, open; the lock goes with it.
-    _dir: std::fs::File,
-}
-
-impl DirLock {
-    fn take(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let f =
-            std::fs::File::open(dir).with_context(|| format!("cannot open {}", dir.display()))?;
-        use std::os::fd::AsRawFd as _;
-        // SAFETY: `f` is an open descriptor for the call's duration; flock has no other
-        // preconditions.
-        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot lock {}", dir.display()));
-        }
-        Ok(Self { _dir: f })
-    }
-}
-
-/// Puts back what runs that no longer exist recorded in `dir` before they turned RT throttling
-/// off (they were killed before they could), unless a live run has it off still (that one puts
-/// back the same value at its end), or someone set another value meanwhile. Returns a line for
-/// each record handled.
-fn recover_stale_in(dir: &Path) -> Vec<String> {
-    if !dir.is_dir() {
-        return Vec::new();
-    }
-    let Ok(_lock) = DirLock::take(dir) else {
-        return Vec::new();
-    };
-    // A record half written when its run was killed: the renamed one beside it is whole.
-    for (aside, _) in crate::rt::stale_entries(dir, "rt-throttling-", ".json.tmp") {
-        let _ = std::fs::remove_file(aside);
-    }
-    let all = records_in(dir);
-    let mut lines = Vec::new();
-    for (file, r, gone) in &all {
-        if !gone {
-            continue;
-        }
-        let live = all.iter().any(|(_, o, g)| !g && o.path == r.path);
-        let now = std::fs::read_to_string(&r.path).unwrap_or_default();
-        let what = format!(
-            "a run (pid {}) ended without putting back {} (RT throttling)",
-            r.pid,
-            r.path.display()
-        );
-        let line = if live {
-            format!("{what}: left off, as a run still going has it off and puts it back at its end")
-        } else if now.trim() != "-1" {
-            format!(
-                "{what}: left at {}, which is not the -1 it wrote (someone set it since); it \
-                 read {} before",
-                now.trim(),
-                r.saved.trim()
-            )
-        } else {
-            match std::fs::write(&r.path, &r.saved) {
-                Ok(()) => format!("{what}: set back to {} now (it read -1)", r.saved.trim()),
-                Err(e) => format!(
-                    "{what}: cannot write {} back ({e}): write it by hand; the record stays in {}",
-                    r.saved.trim(),
-                    file.display()
-                ),
-            }
-        };
-        if !line.contains("the record stays") {
-            let _ = std::fs::remove_file(file);
-        }
-        lines.push(line);
-    }
-    // The directory too, unless another run's record is in it.
-    let _ = std::fs::remove_dir(dir);
-    lines
-}
-
-/// Puts back RT throttling where a run killed before it could left it off (see the module
-/// docs); done at the start of every command run as root. Returns a line for each.
+/// Puts back RT throttling where a run killed before it could left it off (and the other
+/// settings of [`crate::setting`]); done at the start of every command run as root. Returns a
+/// line for each.
 pub fn recover_stale() -> Vec<String> {
-    recover_stale_in(Path::new(crate::isolate::STATE_DIR))
+    crate::setting::recover_stale()
 }
 
 impl ThrottlingOff {
@@ -247,7 +127,7 @@ impl ThrottlingOff {
                  exit. Since Linux 6.12 the fair server ({FAIR_SERVER}cpu<N>/runtime in \
                  debugfs, 50 ms of each 1 s by default) still lets a starved SCHED_OTHER worker \
                  in whatever this says: where it is on, drains still complete after about 0.95 s",
-                off.saved.trim()
+                off.saved().trim()
             ),
         );
         Ok(off)
@@ -262,119 +142,31 @@ impl ThrottlingOff {
     /// Writes -1 to the sysctl file at `path`, after recording in `records` (when given) the
     /// value to put back, so that the next run puts it back if this one is killed.
     pub fn recorded_at(path: &Path, records: Option<&Path>) -> Result<Self> {
-        let lock = records.map(DirLock::take).transpose()?;
-        let found = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        if found.trim().parse::<i64>().is_err() {
-            return Err(anyhow!(
-                "{} reads {:?}, not a number of microseconds",
-                path.display(),
-                found.trim()
-            ));
-        }
-        // Another run of ours that has it off recorded what was there before it: that is the
-        // value to put back, not its -1.
-        let others = records.map(records_in).unwrap_or_default();
-        let saved = others
-            .iter()
-            .find(|(_, r, _)| r.path == path && found.trim() == "-1")
-            .map_or(found, |(_, r, _)| r.saved.clone());
-        if let Some(dir) = records {
-            let record = Record {
-                pid: std::process::id(),
-                path: path.to_path_buf(),
-                saved: saved.clone(),
-            };
-            let file = record_file(dir, record.pid);
-            let aside = file.with_extension("json.tmp");
-            std::fs::write(&aside, serde_json::to_string(&record)?)
-                .and_then(|()| std::fs::rename(&aside, &file))
-                .with_context(|| {
-                    format!(
-                        "cannot record RT throttling's value in {} before turning it off \
-                         (nothing was changed)",
-                        file.display()
-                    )
-                })?;
-        }
-        if let Err(e) = std::fs::write(path, "-1") {
-            if let Some(dir) = records {
-                let _ = std::fs::remove_file(record_file(dir, std::process::id()));
-            }
+        let changed = Changed::record(
+            Kind::RtThrottling,
+            path,
+            |found| {
+                if found.trim().parse::<i64>().is_err() {
+                    return Err(anyhow!(
+                        "{} reads {:?}, not a number of microseconds",
+                        path.display(),
+                        found.trim()
+                    ));
+                }
+                Ok("-1".to_string())
+            },
+            records,
+        )?;
+        if let Err(e) = changed.write_changed() {
+            changed.forget();
             return Err(e).with_context(|| format!("cannot write -1 to {}", path.display()));
         }
-        drop(lock);
-        let off = Self {
-            path: path.to_path_buf(),
-            saved,
-            records: records.map(Path::to_path_buf),
-            restored: Arc::new(AtomicBool::new(false)),
-        };
-        // A second Ctrl-C ends the process without running `Drop`: restore then too (once).
-        let (hook_path, hook_saved, hook_records, hook_restored) = (
-            off.path.clone(),
-            off.saved.clone(),
-            off.records.clone(),
-            off.restored.clone(),
-        );
-        crate::signals::on_forced_exit(Box::new(move || {
-            let _ = restore(
-                &hook_path,
-                &hook_saved,
-                hook_records.as_deref(),
-                &hook_restored,
-            );
-        }));
-        Ok(off)
+        Ok(Self { changed })
     }
-}
 
-/// Writes `saved` back to `path` (once: `restored` says whether it was done), unless another
-/// live run recorded in `records` has RT throttling off still; removes this run's record.
-fn restore(
-    path: &Path,
-    saved: &str,
-    records: Option<&Path>,
-    restored: &AtomicBool,
-) -> std::io::Result<()> {
-    if restored.swap(true, Ordering::SeqCst) {
-        return Ok(());
-    }
-    let Some(dir) = records else {
-        return std::fs::write(path, saved);
-    };
-    let _lock = DirLock::take(dir);
-    let me = std::process::id();
-    let others_live = records_in(dir)
-        .iter()
-        .any(|(_, r, gone)| !gone && r.pid != me && r.path == path);
-    let out = if others_live {
-        Ok(())
-    } else {
-        std::fs::write(path, saved)
-    };
-    if out.is_ok() {
-        let _ = std::fs::remove_file(record_file(dir, me));
-        // The directory too, unless another run's record is in it.
-        let _ = std::fs::remove_dir(dir);
-    }
-    out
-}
-
-impl Drop for ThrottlingOff {
-    fn drop(&mut self) {
-        if let Err(e) = restore(
-            &self.path,
-            &self.saved,
-            self.records.as_deref(),
-            &self.restored,
-        ) {
-            eprintln!(
-                "error: cannot restore {} to {} ({e}): write it back by hand",
-                self.path.display(),
-                self.saved.trim()
-            );
-        }
+    /// The value found, which is put back.
+    pub fn saved(&self) -> &str {
+        self.changed.saved()
     }
 }
 
@@ -405,67 +197,6 @@ mod tests {
         };
         assert!(run().is_err());
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "800000\n");
-    }
-
-    /// A pid that is not running: a child that has been reaped.
-    fn dead_pid() -> u32 {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        child.wait().unwrap();
-        pid
-    }
-
-    #[test]
-    fn the_value_is_recorded_before_it_is_changed_and_a_killed_runs_is_put_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sched_rt_runtime_us");
-        let records = dir.path().join("state");
-        std::fs::write(&path, "950000\n").unwrap();
-        let off = ThrottlingOff::recorded_at(&path, Some(&records)).unwrap();
-        let mine = record_file(&records, std::process::id());
-        let r: Record = serde_json::from_str(&std::fs::read_to_string(&mine).unwrap()).unwrap();
-        assert_eq!(r.saved, "950000\n");
-        // What a SIGKILL leaves: the guard never dropped, the record now a dead run's.
-        std::mem::forget(off);
-        let pid = dead_pid();
-        let dead = record_file(&records, pid);
-        let text = std::fs::read_to_string(&mine).unwrap().replace(
-            &format!("\"pid\":{}", std::process::id()),
-            &format!("\"pid\":{pid}"),
-        );
-        std::fs::write(&dead, text).unwrap();
-        std::fs::remove_file(&mine).unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "-1");
-        let lines = recover_stale_in(&records);
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "950000\n");
-        assert!(lines[0].contains("set back to 950000"), "{lines:?}");
-        assert!(!dead.exists() && !records.exists());
-        // Nothing more to do the next time.
-        assert!(recover_stale_in(&records).is_empty());
-    }
-
-    #[test]
-    fn overlapping_runs_put_back_the_value_from_before_the_first() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sched_rt_runtime_us");
-        let records = dir.path().join("state");
-        std::fs::write(&path, "950000\n").unwrap();
-        // A live run (this process, under another record) turned it off first.
-        let first = ThrottlingOff::recorded_at(&path, Some(&records)).unwrap();
-        let live = records.join("rt-throttling-1.json");
-        std::fs::rename(record_file(&records, std::process::id()), &live).unwrap();
-        let text = std::fs::read_to_string(&live)
-            .unwrap()
-            .replace(&format!("\"pid\":{}", std::process::id()), "\"pid\":1");
-        std::fs::write(&live, text).unwrap();
-        std::mem::forget(first);
-        // The second finds -1, and takes the first's value to put back.
-        let second = ThrottlingOff::recorded_at(&path, Some(&records)).unwrap();
-        assert_eq!(second.saved, "950000\n");
-        // It ends while the first (pid 1 lives) still has it off: left off.
-        drop(second);
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), "-1");
-        std::fs::remove_file(&live).unwrap();
     }
 
     #[test]

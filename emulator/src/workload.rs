@@ -35,7 +35,7 @@ pub enum WorkloadName {
 
 impl WorkloadName {
     /// Every name, in the order the help lists them.
-    pub const ALL: [WorkloadName; 9] = [
+    pub const ALL: [WorkloadName; 10] = [
         WorkloadName::Lru,
         WorkloadName::Memcg,
         WorkloadName::Slub,
@@ -45,11 +45,18 @@ impl WorkloadName {
         WorkloadName::Kernel(KernelDrain::Slub),
         WorkloadName::Kernel(KernelDrain::Vmstat),
         WorkloadName::Kernel(KernelDrain::Memcg),
+        WorkloadName::Kernel(KernelDrain::Pcp),
     ];
 
-    /// The mm workloads the default experiment runs.
-    pub const DEFAULT_EXPERIMENT: [WorkloadName; 3] =
-        [WorkloadName::Lru, WorkloadName::Memcg, WorkloadName::Slub];
+    /// The mm workloads the default experiment runs: `pcp` is the emulated counterpart of the
+    /// kernel's own mode 1 (`kernel-pcp`), so that the table holds both kernel modes beside
+    /// both emulated ones.
+    pub const DEFAULT_EXPERIMENT: [WorkloadName; 4] = [
+        WorkloadName::Lru,
+        WorkloadName::Memcg,
+        WorkloadName::Slub,
+        WorkloadName::Pcp,
+    ];
 
     /// The name.
     pub fn name(self) -> &'static str {

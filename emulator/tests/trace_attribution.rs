@@ -82,6 +82,73 @@ fn recorded_lines_give_their_fields() {
     )
     .unwrap();
     assert_eq!(e.kind, Kind::Exit(Context::Vector("local_timer".into())));
+    // Recorded on 6.18 (not in the fixture, which predates the event).
+    let e = parse_line(
+        "            bash-5756    [000] d.h1. 11243025041534: hrtimer_expire_entry: \
+         hrtimer=00000000aa04e0cb function=hrtimer_wakeup now=4330608722001",
+    )
+    .unwrap();
+    assert_eq!(
+        e.kind,
+        Kind::TimerExpire {
+            function: "hrtimer_wakeup".into()
+        }
+    );
+    // Recorded in a 6.12 guest and on 6.18.
+    let e = parse_line(
+        "              sh-172     [000] dN.2.     4.293009: mm_page_pcpu_drain: \
+         page=0000000092f111c8 pfn=0x102ce9 order=0 migratetype=0",
+    )
+    .unwrap();
+    assert_eq!(e.kind, Kind::PcpDrain { pfn: 0x102ce9 });
+    let e = parse_line(
+        "          <idle>-0       [000] d.h2. 11243418468958: workqueue_queue_work: work \
+         struct=000000004f573fee function=virtio_transport_tx_work workqueue=virtio_vsock \
+         req_cpu=256 cpu=0",
+    )
+    .unwrap();
+    assert_eq!(
+        e.kind,
+        Kind::WorkQueued {
+            function: "virtio_transport_tx_work".into(),
+            cpu: 0
+        }
+    );
+    let e = parse_line(
+        "         taskset-173     [000] d.s1.     4.466797: workqueue_queue_work: work \
+         struct=0000000075cbfa9f function=flush_memcg_stats_dwork workqueue=events_unbound \
+         req_cpu=8192 cpu=-1",
+    )
+    .unwrap();
+    assert!(matches!(e.kind, Kind::WorkQueued { cpu: -1, .. }));
+}
+
+#[test]
+fn the_timers_that_fire_are_counted_per_cpu() {
+    let mut t = Timeline::new();
+    for (cpu, ts, f) in [
+        (1, 10, "tick_nohz_handler"),
+        (1, 20, "tick_nohz_handler"),
+        (1, 30, "hrtimer_wakeup"),
+        (0, 40, "tick_nohz_handler"),
+    ] {
+        t.push(&Event {
+            cpu,
+            ts,
+            pid: 7,
+            comm: "oslat".into(),
+            tgid: None,
+            kind: Kind::TimerExpire { function: f.into() },
+        });
+    }
+    t.finish();
+    let on1: Vec<(&str, u64)> = t.cpus[&1]
+        .timers
+        .iter()
+        .map(|(f, n)| (f.as_str(), *n))
+        .collect();
+    assert_eq!(on1, [("hrtimer_wakeup", 1), ("tick_nohz_handler", 2)]);
+    assert_eq!(t.cpus[&0].timers["tick_nohz_handler"], 1);
 }
 
 #[test]

@@ -45,6 +45,6 @@ pub fn dispatch(cli: Cli) -> Result<()> {
         Some(Command::Pool(args)) => pool::pool_cmd(&args),
         Some(Command::Report(args)) => report::report_cmd(&args),
         Some(Command::Trace(args)) => trace::trace_cmd(&args),
-        Some(Command::Filler(args)) => crate::kernel::filler_main(args.cpu),
+        Some(Command::Filler(args)) => crate::kernel::filler_main(args.cpu, args.pcp),
     }
 }

@@ -2,9 +2,12 @@
 //! mode and workload, so that the two modes are compared in one run on one machine.
 //!
 //! 1. **Idle baseline**: the oslat probe on the target CPU, with the process-context load on
-//!    the other CPUs and the probe's own local operations, but no drains. Its gaps are the
-//!    machine's own noise, against which each scenario's interruptions (gaps of 5 us or more)
-//!    are counted.
+//!    the other CPUs and the probe's own local operations, but no drains (in remote mode, so
+//!    that no worker thread of ours exists on the target). Its gaps are the machine's own
+//!    noise, against which each scenario's interruptions (gaps of 5 us or more) are counted.
+//!    The run also counts the target's tick in every scenario, and what of its own ran there
+//!    besides the probe ([`crate::tick`]): on a `nohz_full` target the idle baseline must not
+//!    keep the tick on, and the report warns when it does.
 //! 2. For each mm workload, **queue** then **remote**: the same, plus a requester on a
 //!    housekeeping CPU draining every CPU at a fixed rate. In queue mode each drain that finds
 //!    the target's cache non-empty wakes the target's worker, which preempts the probe; in
@@ -150,6 +153,11 @@ struct Summary {
     /// With tracing: per scenario, what the target's interruptions were (and, for the kernel
     /// workloads, the work items run on the target).
     attribution: Vec<ScenarioAttribution>,
+    /// Whether the kernel runs the target tickless (`nohz_full`).
+    target_nohz_full: bool,
+    /// Per scenario: the target's local timer interrupts, and (with tracing) the timers that
+    /// fired there and the run's own tasks that ran there besides the probe.
+    tick: Vec<crate::tick::TargetTick>,
     /// Whether Ctrl-C ended the run before every round of every scenario ran (the notes say
     /// which scenarios were cut short or left out).
     interrupted: bool,
@@ -192,6 +200,17 @@ struct KernelWork {
     p99_us: f64,
     /// Longest.
     max_us: f64,
+    /// The times a task other than the filler took the target from the probe (a kworker, any
+    /// other thread; the filler runs there before every trigger by design), from the trace.
+    preempted_not_filler: u64,
+    /// The same per drain.
+    preempted_not_filler_per_drain: Option<f64>,
+    /// Other work items run on the target during the scenario, by function (not the drain's:
+    /// the kernel's periodic work, or the trigger's side effects).
+    other_work: BTreeMap<String, u64>,
+    /// kernel-pcp: who drained the target's pcp pages, and what was queued to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pcp: Option<crate::kernel::pcp::PcpReport>,
 }
 
 /// Runs the experiment.
@@ -262,6 +281,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
             false
         }
     };
+    // What each kernel workload's preflight left ready (kernel-pcp's held page), for the run.
+    let mut ready: BTreeMap<String, crate::kernel::Ready> = BTreeMap::new();
     let asked: Vec<WorkloadName> = if args.workloads.is_none() && tracing {
         let mut all = asked;
         for k in crate::kernel::KernelDrain::ALL {
@@ -276,14 +297,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 continue;
             }
             match crate::kernel::preflight(k) {
-                Ok(()) => all.push(WorkloadName::Kernel(k)),
+                Ok(r) => {
+                    ready.insert(k.name().to_string(), r);
+                    all.push(WorkloadName::Kernel(k));
+                }
                 Err(e) => notes.push(format!("no {k} row: {e:#}")),
             }
         }
         all
     } else {
         for k in asked.iter().filter_map(|w| w.kernel()) {
-            crate::kernel::preflight(k)?;
+            ready.insert(k.name().to_string(), crate::kernel::preflight(k)?);
         }
         asked
     };
@@ -311,6 +335,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let start_time = rt::rt_timestamp();
     let mut warnings = Warnings::default();
     let _rt = rt::prepare(true, &mut warnings, quiet);
+    // The main thread, and every thread it starts until that thread pins itself, stays off
+    // the target: on a machine without isolcpus a new thread may otherwise run its first
+    // instructions there (seen in the trace as one run of `qpw-emu`, `qpw/0`, the requester).
+    let _away = rt::AwayFrom::cpus(&target_set);
     if !args.isolate {
         rt::check_isolation(&target_set, &mut warnings, quiet);
     }
@@ -349,15 +377,23 @@ pub fn run(args: &RunArgs) -> Result<()> {
     } else {
         base_workload
     };
-    let mut scenarios = vec![Acc::new("idle", Mode::Queue, base_workload, 0.0)];
+    // The idle baselines in remote mode: the same lock on the probe's path as queue mode's,
+    // and no worker thread of the target's that could run there.
+    let mut scenarios = vec![Acc::new("idle", Mode::Remote, base_workload, 0.0)];
     if args.isolate {
-        scenarios.push(Acc::new(UNISOLATED, Mode::Queue, base_workload, 0.0));
+        scenarios.push(Acc::new(UNISOLATED, Mode::Remote, base_workload, 0.0));
     }
     for &w in &workloads {
         if let Some(k) = w.kernel() {
-            // The kernel decides its own mode; its drains go at a rate that suits their cost.
+            // The kernel decides its own mode (mode 1, remote, for drain_all_pages since 6.0);
+            // its drains go at a rate that suits their cost.
             let rate = rate_given.unwrap_or_else(|| k.default_rate_hz());
-            scenarios.push(Acc::new(w.name(), Mode::Queue, w, rate));
+            let mode = if k.is_remote() {
+                Mode::Remote
+            } else {
+                Mode::Queue
+            };
+            scenarios.push(Acc::new(w.name(), mode, w, rate));
             continue;
         }
         for &mode in &modes {
@@ -402,6 +438,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         isolate: args.isolate,
         isolation: None,
         isolation_report: None,
+        nohz_full: crate::tick::is_nohz_full(target),
+        ready,
     };
 
     // Every round runs every scenario once, so that slow drifts in the machine's noise fall on
@@ -417,8 +455,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
             ctx.write_all()?;
         }
     }
-    // Put back what --isolate changed before the report, so that nothing waits on the reader.
+    // Put back what --isolate changed before the report, so that nothing waits on the reader,
+    // and give kernel-pcp's held page back.
     ctx.isolation = None;
+    ctx.ready.clear();
     ctx.conclude();
     ctx.write_all()?;
     let rows = ctx.rows();
@@ -427,6 +467,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         table::table(&rows, Some(ctx.target), ctx.threshold().map(|t| t.0))
     );
     ctx.print_attribution();
+    ctx.print_tick();
     println!();
     for n in &ctx.notes {
         println!("note: {n}");
@@ -487,6 +528,8 @@ struct Acc {
     every: Option<Duration>,
     /// Whether the probe polls its binding at every turn of its loop (`fenced-poll-*`).
     polls: bool,
+    /// The target's tick over the rounds, and the run's own tasks there.
+    tick: crate::tick::TargetTick,
 }
 
 impl Acc {
@@ -518,6 +561,10 @@ impl Acc {
             every: None,
             polls: false,
             cut_short: false,
+            tick: crate::tick::TargetTick {
+                scenario: name.to_string(),
+                ..Default::default()
+            },
         }
     }
 }
@@ -553,6 +600,11 @@ struct Ctx {
     isolation: Option<crate::isolate::Isolation>,
     /// What the first isolation did.
     isolation_report: Option<crate::isolate::IsolationReport>,
+    /// Whether the kernel runs the target tickless (`nohz_full`).
+    nohz_full: bool,
+    /// What each kernel workload's preflight left ready (kernel-pcp's held page, given back
+    /// when the run ends, whichever way).
+    ready: BTreeMap<String, crate::kernel::Ready>,
 }
 
 /// Gaps kept for attribution: from 1 us, so that the threshold can be derived afterwards.
@@ -599,6 +651,11 @@ impl Ctx {
             owner_polls: acc.polls,
             requester_prio: None,
             target_cpu: self.target,
+            kernel_ready: self
+                .ready
+                .get(acc.name.as_str())
+                .cloned()
+                .unwrap_or_default(),
         };
         let session = if self.tracing {
             match Session::start(&target_set, Some(self.housekeeping)) {
@@ -637,7 +694,15 @@ impl Ctx {
         };
         let phase: std::sync::Arc<Phase> = setup.phase.clone();
         let qpw_desc = setup.describe();
+        let loc_before = (
+            crate::tick::local_timer_count(self.target),
+            crate::clock::monotonic_ns(),
+        );
         let run = oslat::run(&cfg, self.calibration, &phase);
+        let loc_after = (
+            crate::tick::local_timer_count(self.target),
+            crate::clock::monotonic_ns(),
+        );
         let outcome = setup.finish(Some(self.target))?;
         let run: OslatRun = run?;
         let quiet = self.quiet;
@@ -678,6 +743,11 @@ impl Ctx {
             target_drains: outcome.target_drains,
             probe_switches: thread.involuntary_switches + thread.voluntary_switches,
         });
+        acc.tick.add_loc(
+            loc_before.0,
+            loc_after.0,
+            loc_after.1.saturating_sub(loc_before.1) as f64 / 1e9,
+        );
         acc.qpw_desc = qpw_desc;
         acc.rounds += 1;
         acc.cut_short |= run.interrupted;
@@ -732,7 +802,40 @@ impl Ctx {
             .iter()
             .filter(|s| kernel_fns.contains(&s.source))
             .fold((0, 0.0), |(n, t), s| (n + s.count, t + s.total_us));
+        // Everything that took the target from the probe over the round: the run's own tasks
+        // among it, and the timers that fired there.
+        let noise = traced
+            .noise(Some(thread.tid), &conv)
+            .into_iter()
+            .find(|n| n.cpu == self.target);
+        let (timers, kept) = traced
+            .timeline
+            .cpus
+            .get(&self.target)
+            .map(|t| (t.timers.clone(), t.tick_kept.clone()))
+            .unwrap_or_default();
+        // The times a task other than the filler (and other than the idle task: the probe
+        // slept) took the target from the probe.
+        let preempted_not_filler: u64 = noise.as_ref().map_or(0, |n| {
+            n.top
+                .iter()
+                .filter(|s| s.class == "thread" && s.source != "qpw-filler" && s.source != "idle")
+                .map(|s| s.count)
+                .sum()
+        });
+        let ours = traced.tasks_of(
+            self.target,
+            thread.tid,
+            thread.window,
+            std::process::id() as i32,
+            &["qpw-filler"],
+            &conv,
+        );
+        let mut other_work: BTreeMap<String, u64> = BTreeMap::new();
         let acc = &mut self.scenarios[i];
+        if let Some(n) = &noise {
+            acc.tick.add_trace(&timers, &kept, &ours, n.seconds);
+        }
         for (k, v) in a.by_bucket {
             *acc.attribution.by_bucket.entry(k).or_default() += v;
         }
@@ -780,12 +883,25 @@ impl Ctx {
                     .filter(|w| names.contains(&w.function.as_str()))
                     .map(|w| conv(w.end.saturating_sub(w.start)))
                     .collect();
-                // A drain "reaches" the target when its work function runs there.
-                acc.target_drains += runs.len() as u64;
+                // A mode-0 drain "reaches" the target when its work function runs there; a
+                // mode-1 drain (kernel-pcp) reaches it from the requester, at every trigger.
+                let reached = if k.is_remote() {
+                    outcome.requester.as_ref().map_or(0, |r| r.drains)
+                } else {
+                    runs.len() as u64
+                };
+                acc.target_drains += reached;
                 if let Some(last) = acc.by_round.last_mut() {
-                    last.target_drains = runs.len() as u64;
+                    last.target_drains = reached;
                 }
                 acc.work_us.extend(runs);
+                for w in t
+                    .work
+                    .iter()
+                    .filter(|w| !names.contains(&w.function.as_str()))
+                {
+                    *other_work.entry(w.function.clone()).or_default() += 1;
+                }
             }
             let drains = outcome.requester.as_ref().map_or(0, |r| r.drains);
             let work = acc
@@ -801,6 +917,19 @@ impl Ctx {
             work.drains += drains;
             work.gaps += fn_gaps;
             work.gaps_us += fn_gaps_us;
+            for (f, n) in other_work {
+                *work.other_work.entry(f).or_default() += n;
+            }
+            work.preempted_not_filler += preempted_not_filler;
+            work.preempted_not_filler_per_drain =
+                (work.drains > 0).then(|| work.preempted_not_filler as f64 / work.drains as f64);
+            if let Some(p) = outcome
+                .requester
+                .as_ref()
+                .and_then(|r| r.kernel_pcp.as_ref())
+            {
+                work.pcp.get_or_insert_with(Default::default).add(p);
+            }
             work.runs = acc.work_us.len() as u64;
             work.runs_per_drain = (work.drains > 0).then(|| work.runs as f64 / work.drains as f64);
             let mut d = acc.work_us.clone();
@@ -968,6 +1097,7 @@ impl Ctx {
                 voluntary_switches: acc.probe_voluntary,
                 gaps: Vec::new(),
                 gaps_not_kept: 0,
+                window: (0, 0),
             }],
             calibration: self.calibration,
             threshold_hit: None,
@@ -1180,6 +1310,18 @@ impl Ctx {
                     .to_string(),
             );
         }
+        if let Some(idle) = self
+            .scenarios
+            .iter()
+            .find(|a| a.name == "idle" && a.rounds > 0)
+        {
+            let (warn, line) = crate::tick::verdict(self.target, self.nohz_full, &idle.tick);
+            if warn {
+                self.warnings.push(self.quiet, line);
+            } else {
+                self.notes.push(line);
+            }
+        }
         if rt::emulated_cpu() {
             self.notes.push(
                 "the CPUs are emulated (qemu TCG): every time is stretched, so read the counts \
@@ -1358,12 +1500,13 @@ impl Ctx {
                  counts as `other`)"
             );
             println!(
-                "\nThe kernel's own drains ({}; mode {}): runs of the work function on cpu {}",
+                "\nThe kernel's own drains ({}; PW/QPW: {}): runs of the work function on cpu {}",
                 self.kernel.release, self.kernel.mode, self.target
             );
             println!(
-                "{:<16} {:<26} {:>7} {:>7} {:>10} {:>8} {:>8} {:>8} {:>7} {:>7}",
+                "{:<16} {:>4} {:<26} {:>7} {:>7} {:>10} {:>8} {:>8} {:>8} {:>7} {:>7} {:>9}",
                 "workload",
+                "mode",
                 "work function",
                 "drains",
                 "runs",
@@ -1372,13 +1515,18 @@ impl Ctx {
                 "p99 us",
                 "max us",
                 "gaps/d",
-                "gap us"
+                "gap us",
+                "preempt/d"
             );
+            let mut more = Vec::new();
             for r in kernel {
                 let Some(w) = &r.kernel_work else { continue };
+                let remote = crate::kernel::KernelDrain::from_name(&r.scenario)
+                    .is_some_and(crate::kernel::KernelDrain::is_remote);
                 println!(
-                    "{:<16} {:<26} {:>7} {:>7} {:>10} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7}",
+                    "{:<16} {:>4} {:<26} {:>7} {:>7} {:>10} {:>8.1} {:>8.1} {:>8.1} {:>7} {:>7} {:>9}",
                     r.scenario,
+                    if remote { "1" } else { "0" },
                     w.function,
                     w.drains,
                     w.runs,
@@ -1395,10 +1543,90 @@ impl Ctx {
                         format!("{:.1}", w.gaps_us / w.gaps as f64)
                     } else {
                         "-".into()
-                    }
+                    },
+                    w.preempted_not_filler_per_drain
+                        .map_or("-".into(), |v| format!("{v:.2}"))
                 );
+                if let Some(p) = &w.pcp {
+                    more.push(format!("{}: {}", r.scenario, p.line()));
+                }
+                if !w.other_work.is_empty() {
+                    let list: Vec<String> = w
+                        .other_work
+                        .iter()
+                        .map(|(f, n)| format!("{f} {n}"))
+                        .collect();
+                    more.push(format!(
+                        "{}: other work run on cpu {} meanwhile: {}",
+                        r.scenario,
+                        self.target,
+                        list.join(", ")
+                    ));
+                }
+            }
+            println!(
+                "(mode 1: the kernel drains the target from the caller, with no work there: \
+                 drain_all_pages since 6.0, whose work function before 6.0 the runs column \
+                 counts; preempt/d: the times a task other than the filler took the cpu from \
+                 the probe, per drain)"
+            );
+            for m in more {
+                println!("{m}");
             }
         }
+    }
+
+    /// Prints, under the attribution, each scenario's tick on the target and what of this run
+    /// ran there besides the probe.
+    fn print_tick(&self) {
+        let rows: Vec<&crate::tick::TargetTick> = self
+            .scenarios
+            .iter()
+            .filter(|a| a.rounds > 0)
+            .map(|a| &a.tick)
+            .collect();
+        if rows.iter().all(|t| t.local_timer.is_none()) {
+            return;
+        }
+        println!(
+            "\nThe tick on cpu {} (nohz_full: {}) and this run's own tasks there besides the probe:",
+            self.target,
+            if self.nohz_full { "yes" } else { "no" }
+        );
+        println!(
+            "{:<16} {:>8} {:>8}   {:<24} {:<28} ours (runs)",
+            "scenario", "LOC/s", "tick/s", "tick kept by", "other timers"
+        );
+        for t in rows {
+            println!(
+                "{:<16} {:>8} {:>8}   {:<24} {:<28} {}",
+                t.scenario,
+                t.local_timer_per_s
+                    .map_or("-".into(), |v| format!("{v:.1}")),
+                t.tick_per_s.map_or("-".into(), |v| format!("{v:.1}")),
+                if t.traced_seconds > 0.0 {
+                    t.kept_line()
+                } else {
+                    "-".into()
+                },
+                if t.traced_seconds > 0.0 {
+                    t.other_timers()
+                } else {
+                    "-".into()
+                },
+                if t.traced_seconds > 0.0 {
+                    t.ours_line()
+                } else {
+                    "- (no trace)".into()
+                }
+            );
+        }
+        println!(
+            "(LOC/s: the target's local timer interrupts per second, /proc/interrupts, around \
+             each round; tick/s and other timers: the timers that fired there, from the trace \
+             (hrtimer_expire_entry); tick kept by: what kept a nohz_full cpu's tick on when it \
+             tried to stop it (tick_stop; SCHED: a second runnable task); ours: the run's own tasks that took the cpu from the probe)"
+        );
     }
 
     fn write_summary(&self) -> Result<()> {
@@ -1426,6 +1654,13 @@ impl Ctx {
             warnings: self.warnings.list().to_vec(),
             kernel: self.kernel.clone(),
             attribution: self.attributions(),
+            target_nohz_full: self.nohz_full,
+            tick: self
+                .scenarios
+                .iter()
+                .filter(|a| a.rounds > 0)
+                .map(|a| a.tick.clone())
+                .collect(),
             interrupted: self.interrupted || self.scenarios.iter().any(|a| a.cut_short),
         };
         json::write(&self.out.join("summary.json"), &summary)

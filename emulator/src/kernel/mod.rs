@@ -22,6 +22,7 @@
 //! `lru_add_drain_all` that includes waiting for every CPU's work to finish.
 
 pub mod info;
+pub mod pcp;
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
@@ -47,6 +48,9 @@ pub enum KernelDrain {
     Vmstat,
     /// `drain_all_stock`, through a memory cgroup of our own.
     Memcg,
+    /// The page allocator's `drain_all_pages`, through a 1 GiB huge page allocated and freed:
+    /// mode 1 in mainline since 6.0 ([`pcp`]).
+    Pcp,
 }
 
 /// The SLUB cache shrunk: one the filler's `mmap`/`munmap` allocates from on the measured CPU
@@ -56,11 +60,12 @@ pub const SLAB_CACHE: &str = "maple_node";
 
 impl KernelDrain {
     /// Every kernel workload, in the order the help lists them.
-    pub const ALL: [KernelDrain; 4] = [
+    pub const ALL: [KernelDrain; 5] = [
         KernelDrain::Lru,
         KernelDrain::Slub,
         KernelDrain::Vmstat,
         KernelDrain::Memcg,
+        KernelDrain::Pcp,
     ];
 
     /// The name on the command line.
@@ -70,14 +75,16 @@ impl KernelDrain {
             KernelDrain::Slub => "kernel-slub",
             KernelDrain::Vmstat => "kernel-vmstat",
             KernelDrain::Memcg => "kernel-memcg",
+            KernelDrain::Pcp => "kernel-pcp",
         }
     }
 
     /// The default trigger rate: a compaction costs the requester a few hundred ms, a slab
-    /// shrink or vmstat refresh a few ms, a cgroup's force_empty 5-15 ms (measured on the
-    /// development VM).
+    /// shrink or vmstat refresh a few ms, a cgroup's force_empty 5-15 ms, a 1 GiB huge page
+    /// about 0.9 s (measured on the development VM; 2-5 s in a TCG guest).
     pub fn default_rate_hz(self) -> f64 {
         match self {
+            KernelDrain::Pcp => 1.0,
             KernelDrain::Lru => 2.0,
             KernelDrain::Slub | KernelDrain::Vmstat => 50.0,
             KernelDrain::Memcg => 20.0,
@@ -103,7 +110,18 @@ impl KernelDrain {
                                    (memory.force_empty on cgroup v1, a lowered memory.high on \
                                    v2), which runs drain_all_stock"
                 .to_string(),
+            KernelDrain::Pcp => format!(
+                "holds a 1 GiB huge page for the run (writes one more to {}) and at each trigger \
+                 frees it and allocates it again, which runs drain_all_pages on the page's zone",
+                pcp::POOL
+            ),
         }
+    }
+
+    /// Whether the kernel drains the target from the caller, with no work on the target
+    /// (mode 1): `drain_all_pages` since 6.0; the others queue to each CPU (mode 0).
+    pub fn is_remote(self) -> bool {
+        matches!(self, KernelDrain::Pcp)
     }
 
     /// The work function whose run on a CPU is the drain reaching it, under each name it has
@@ -128,6 +146,8 @@ impl KernelDrain {
                 "drain_local_obj_stock",
                 "drain_local_stock",
             ],
+            // What `drain_all_pages` queued to each CPU before 6.0; none since.
+            KernelDrain::Pcp => &["drain_local_pages_wq"],
         }
     }
 
@@ -148,8 +168,28 @@ impl std::fmt::Display for KernelDrain {
     }
 }
 
-/// Checks, before anything starts, that `drain` can run here: root, and the file it writes.
-pub fn preflight(drain: KernelDrain) -> Result<()> {
+/// What a preflight leaves ready for the run's triggers: for kernel-pcp, the 1 GiB huge page
+/// its try allocated, held from then on ([`pcp::Pool`]; freed when the last clone is dropped).
+#[derive(Debug, Clone, Default)]
+pub struct Ready {
+    /// kernel-pcp's pool, its page held.
+    pub pcp_pool: Option<pcp::SharedPool>,
+}
+
+/// Checks, before anything starts, that `drain` can run here (root, and the file it writes;
+/// kernel-pcp also tries its trigger), and returns what it leaves ready.
+pub fn preflight(drain: KernelDrain) -> Result<Ready> {
+    check(drain)?;
+    Ok(Ready {
+        pcp_pool: match drain {
+            KernelDrain::Pcp => Some(pcp::preflight()?),
+            _ => None,
+        },
+    })
+}
+
+/// The checks of [`preflight`] that change nothing: root, and the file the drain writes.
+fn check(drain: KernelDrain) -> Result<()> {
     // SAFETY: `geteuid` has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
@@ -166,6 +206,10 @@ pub fn preflight(drain: KernelDrain) -> Result<()> {
         ),
         KernelDrain::Vmstat => need_file("/proc/sys/vm/stat_refresh", "CONFIG_PROC_FS"),
         KernelDrain::Memcg => MemCgroup::locate().map(|_| ()),
+        KernelDrain::Pcp => need_file(
+            pcp::POOL,
+            "1 GiB huge pages (the pdpe1gb CPU flag, CONFIG_HUGETLBFS)",
+        ),
     }
 }
 
@@ -340,11 +384,14 @@ struct Filler {
 }
 
 impl Filler {
-    fn start(cpu: usize, cgroup: Option<&MemCgroup>) -> Result<Self> {
+    fn start(cpu: usize, cgroup: Option<&MemCgroup>, pcp: bool) -> Result<Self> {
         let exe = std::env::current_exe().context("cannot find our own executable")?;
         let mut cmd = Command::new(exe);
-        cmd.args(["__filler", &cpu.to_string()])
-            .stdin(Stdio::piped())
+        cmd.args(["__filler", &cpu.to_string()]);
+        if pcp {
+            cmd.arg("--pcp");
+        }
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         // Under --isolate's cgroup v2 partition the filler moves its thread in before it pins
@@ -406,6 +453,27 @@ impl Filler {
             .context("cannot reach the filler process (it has ended)")?;
         self.wait_answer()
     }
+
+    /// kernel-pcp's fill (a filler started with `--pcp`): the frame numbers of the pages it
+    /// freed on its CPU (0 for a page whose number it could not read).
+    fn fill_pcp(&mut self) -> Result<Vec<u64>> {
+        self.fill()?;
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        loop {
+            match self.from.read(&mut b) {
+                Ok(1) if b[0] == b'\n' => break,
+                Ok(1) => line.push(b[0]),
+                _ => bail!("the filler process ended"),
+            }
+        }
+        String::from_utf8_lossy(&line)
+            .split_whitespace()
+            .map(|p| {
+                u64::from_str_radix(p, 16).context("the filler's answer is not a frame number")
+            })
+            .collect()
+    }
 }
 
 impl Drop for Filler {
@@ -415,20 +483,27 @@ impl Drop for Filler {
     }
 }
 
-/// The body of `qpw-emu __filler CPU`: pin, report ready, then fill on request until stdin
-/// closes.
-pub fn filler_main(cpu: usize) -> Result<()> {
-    crate::isolate::partition::hook_from_env();
-    qpw_core::pin_current_thread(cpu)
-        .with_context(|| format!("filler: cannot pin to cpu {cpu}"))?;
+/// The body of `qpw-emu __filler CPU [--pcp]`: pin, report ready, then fill on request until
+/// stdin closes.
+pub fn filler_main(cpu: usize, pcp: bool) -> Result<()> {
+    // Named first, so that a trace of the target shows it as the filler from its first run
+    // there.
     let name = std::ffi::CString::new("qpw-filler")?;
     // SAFETY: PR_SET_NAME reads a NUL-terminated string of at most 16 bytes.
     unsafe { libc::prctl(libc::PR_SET_NAME, name.as_ptr()) };
+    crate::isolate::partition::hook_from_env();
+    // Not `pin_current_thread`, which checks the CPU against the affinity this process started
+    // with: `qpw-emu run` keeps its main thread, which starts the filler, off the target.
+    qpw_core::set_current_affinity(&qpw_core::CpuSet::from_iter([cpu]))
+        .with_context(|| format!("filler: cannot pin to cpu {cpu}"))?;
     let mut stdin = std::io::stdin().lock();
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(b"+")?;
     stdout.flush()?;
     let mut b = [0u8; 1];
+    if pcp {
+        return pcp::fill_loop(&mut stdin, &mut stdout);
+    }
     const PAGES: usize = 16;
     const LEN: usize = PAGES * 4096;
     // The pages of the last fill stay mapped until the next one: unmapping runs
@@ -436,36 +511,43 @@ pub fn filler_main(cpu: usize) -> Result<()> {
     // the very LRU batch that kernel-lru's drain is to find full. So each fill first unmaps
     // the last fill's pages (which frees its maple-tree nodes into this CPU's slab), then maps
     // and touches new ones (LRU batch, memcg charges and stock, new nodes).
-    let mut last: Option<*mut libc::c_void> = None;
+    let mut last: Option<*mut u8> = None;
     while stdin.read(&mut b)? == 1 {
-        // SAFETY: `last` is a mapping of LEN bytes made below and not unmapped since; the new
-        // anonymous private mapping is written only within its length.
-        let ok = unsafe {
-            if let Some(p) = last.take() {
-                libc::munmap(p, LEN);
-            }
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            if p == libc::MAP_FAILED {
-                false
-            } else {
-                for i in 0..PAGES {
-                    std::ptr::write_volatile(p.cast::<u8>().add(i * 4096), 1);
-                }
-                last = Some(p);
-                true
-            }
-        };
+        if let Some(p) = last.take() {
+            // SAFETY: `p` is a mapping of LEN bytes made by `map_and_touch` and not unmapped
+            // since.
+            unsafe { libc::munmap(p.cast(), LEN) };
+        }
+        last = map_and_touch(PAGES);
+        let ok = last.is_some();
         stdout.write_all(if ok { b"+" } else { b"!" })?;
         stdout.flush()?;
     }
     Ok(())
+}
+
+/// Maps `pages` anonymous private pages and writes one byte to each: a page fault apiece, so
+/// that each page comes off this CPU's pcp lists and onto its LRU batch (and, in a memory
+/// cgroup, is charged through this CPU's stock). `None` when `mmap` fails.
+fn map_and_touch(pages: usize) -> Option<*mut u8> {
+    // SAFETY: a fresh anonymous private mapping of `pages` pages, written only within it.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            pages * 4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        for i in 0..pages {
+            std::ptr::write_volatile(p.cast::<u8>().add(i * 4096), 1);
+        }
+        Some(p.cast())
+    }
 }
 
 /// The kernel drain load: the requester thread, with the filler and the cgroup it needs.
@@ -481,21 +563,32 @@ const FILL_TO_TRIGGER: std::time::Duration = std::time::Duration::from_millis(1)
 
 impl KernelLoad {
     /// Sets up `drain` (cgroup and filler on `target`) and starts the requester on
-    /// `requester_cpu`; it fires `rate_hz` times a second once `phase` goes.
+    /// `requester_cpu`; it fires `rate_hz` times a second once `phase` goes. `ready` is what
+    /// [`preflight`] left (kernel-pcp's held page; a pool of its own is made without it).
     pub fn start(
         drain: KernelDrain,
         target: usize,
         requester_cpu: usize,
         rate_hz: f64,
         phase: &Arc<Phase>,
+        ready: &Ready,
     ) -> Result<Self> {
-        preflight(drain)?;
+        check(drain)?;
+        let pcp_pool = match (drain, &ready.pcp_pool) {
+            (KernelDrain::Pcp, Some(p)) => Some(p.clone()),
+            (KernelDrain::Pcp, None) => Some(pcp::shared(pcp::Pool::new()?)),
+            _ => None,
+        };
         let cgroup = match drain {
             KernelDrain::Memcg => Some(MemCgroup::create()?),
             _ => None,
         };
         let filler = if drain.needs_filler() {
-            Some(Filler::start(target, cgroup.as_ref())?)
+            Some(Filler::start(
+                target,
+                cgroup.as_ref(),
+                drain == KernelDrain::Pcp,
+            )?)
         } else {
             None
         };
@@ -505,7 +598,12 @@ impl KernelLoad {
             Some(
                 std::thread::Builder::new()
                     .name("qpw-kernel-requester".into())
-                    .spawn(move || requester(drain, requester_cpu, rate_hz, &shared, &phase))
+                    .spawn(move || match (drain, pcp_pool) {
+                        (KernelDrain::Pcp, Some(pool)) => {
+                            pcp::requester(target, requester_cpu, rate_hz, &shared, &phase, &pool)
+                        }
+                        _ => requester(drain, requester_cpu, rate_hz, &shared, &phase),
+                    })
                     .with_context(|| {
                         format!("cannot start the requester thread (cpu {requester_cpu})")
                     })?,
@@ -551,7 +649,7 @@ fn requester(
         KernelDrain::Lru => Some("/proc/sys/vm/compact_memory".to_string()),
         KernelDrain::Slub => Some(format!("/sys/kernel/slab/{SLAB_CACHE}/shrink")),
         KernelDrain::Vmstat => Some("/proc/sys/vm/stat_refresh".to_string()),
-        KernelDrain::Memcg => None,
+        KernelDrain::Memcg | KernelDrain::Pcp => None,
     };
     let mut trigger = trigger_path
         .as_ref()

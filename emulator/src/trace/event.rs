@@ -63,6 +63,36 @@ pub enum Kind {
     Enter(Context),
     /// The matching end.
     Exit(Context),
+    /// `timer:hrtimer_expire_entry`: a high-resolution timer fired on this CPU (the tick is
+    /// one: `tick_nohz_handler` since 6.10, `tick_sched_timer` before).
+    TimerExpire {
+        /// The timer's function (`tick_nohz_handler`, `hrtimer_wakeup`).
+        function: String,
+    },
+    /// `timer:tick_stop`: a `nohz_full` CPU tried to stop its tick; when it could not, the
+    /// dependency that kept it (`SCHED`: another runnable task, `POSIX_TIMER`,
+    /// `PERF_EVENTS`, `CLOCK_UNSTABLE`, `RCU`, `RCU_EXP`).
+    TickStop {
+        /// Whether the tick stopped.
+        success: bool,
+        /// What kept it, `NONE` when it stopped.
+        dependency: String,
+    },
+    /// `kmem:mm_page_pcpu_drain`: a page leaves a pcp list for the zone's free lists, in
+    /// `free_pcppages_bulk()`: a drain of some CPU's lists (`drain_pages_zone()`, run by the
+    /// CPU that calls `drain_all_pages()` since 6.0), or a CPU trimming its own lists past
+    /// `high`. The event does not say whose lists: the CPU it fired on is the one that freed.
+    PcpDrain {
+        /// The page's frame number.
+        pfn: u64,
+    },
+    /// `workqueue:workqueue_queue_work`: a work item queued, to CPU `cpu` (-1: unbound).
+    WorkQueued {
+        /// The work function.
+        function: String,
+        /// The CPU it was queued to.
+        cpu: i64,
+    },
     /// Events the ring buffer lost on this CPU before they were read.
     Lost {
         /// How many.
@@ -292,6 +322,20 @@ fn parse_kind(name: &str, fields: &str) -> Option<Kind> {
                 Kind::WorkEnd { function }
             }
         }
+        "tick_stop" => Kind::TickStop {
+            success: field(fields, "success")? == "1",
+            dependency: field(fields, "dependency")?.to_string(),
+        },
+        "mm_page_pcpu_drain" => Kind::PcpDrain {
+            pfn: u64::from_str_radix(field(fields, "pfn")?.trim_start_matches("0x"), 16).ok()?,
+        },
+        "workqueue_queue_work" => Kind::WorkQueued {
+            function: field(fields, "function")?.to_string(),
+            cpu: field(fields, "cpu")?.parse().ok()?,
+        },
+        "hrtimer_expire_entry" => Kind::TimerExpire {
+            function: field(fields, "function")?.to_string(),
+        },
         "irq_handler_entry" => Kind::Enter(Context::Irq(field(fields, "name")?.to_string())),
         // The exit names only the number; the timeline pairs it with the open handler.
         "irq_handler_exit" => Kind::Exit(Context::Irq(String::new())),

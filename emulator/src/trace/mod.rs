@@ -204,6 +204,59 @@ impl Traced {
     }
 }
 
+impl Traced {
+    /// The tasks of process `ours` (by the trace's `record-tgid`), and tasks named one of
+    /// `also` (a child process of ours: the filler), that took `cpu` from the thread `probe`
+    /// while it measured (`window`: its first and last clock reading, which the trace clock
+    /// shares): by name, how many times (back-to-back stretches counted once) and for how
+    /// long.
+    pub fn tasks_of(
+        &self,
+        cpu: usize,
+        probe: i32,
+        window: (u64, u64),
+        ours: i32,
+        also: &[&str],
+        ticks_to_us: impl Fn(u64) -> f64,
+    ) -> Vec<SourceFigures> {
+        let Some(t) = self.timeline.cpus.get(&cpu) else {
+            return Vec::new();
+        };
+        let mut by: BTreeMap<String, SourceFigures> = BTreeMap::new();
+        let mut prev: Option<(u32, u64)> = None;
+        for seg in t
+            .segments
+            .iter()
+            .filter(|s| s.end > window.0 && s.start < window.1)
+        {
+            let continues = prev.is_some_and(|(id, end)| id == seg.source && end == seg.start);
+            prev = Some((seg.source, seg.end));
+            let timeline::Source::Task { pid, comm } = &self.timeline.sources[seg.source as usize]
+            else {
+                continue;
+            };
+            let mine = self.timeline.tgid.get(pid) == Some(&ours) || also.contains(&comm.as_str());
+            if *pid == probe || *pid == 0 || !mine {
+                continue;
+            }
+            let e = by.entry(comm.clone()).or_insert_with(|| SourceFigures {
+                source: comm.clone(),
+                class: "thread".into(),
+                ..SourceFigures::default()
+            });
+            if !continues {
+                e.count += 1;
+            }
+            let us = ticks_to_us(seg.end - seg.start);
+            e.total_us += us;
+            e.max_us = e.max_us.max(us);
+        }
+        let mut v: Vec<SourceFigures> = by.into_values().collect();
+        v.sort_by(|a, b| b.count.cmp(&a.count).then(a.source.cmp(&b.source)));
+        v
+    }
+}
+
 fn sorted(v: impl IntoIterator<Item = SourceFigures>) -> Vec<SourceFigures> {
     let mut v: Vec<_> = v.into_iter().collect();
     v.sort_by(|a, b| {

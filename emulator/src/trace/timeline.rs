@@ -72,6 +72,12 @@ pub struct CpuTimeline {
     pub work: Vec<WorkRun>,
     /// Spans with lost events: (from, to, events lost).
     pub lost: Vec<(u64, u64, u64)>,
+    /// The high-resolution timers that fired, by function (`hrtimer_expire_entry`): the tick
+    /// among them.
+    pub timers: std::collections::BTreeMap<String, u64>,
+    /// On a `nohz_full` CPU, the times its tick could not stop, by the dependency that kept it
+    /// (`tick_stop` with `success=0`).
+    pub tick_kept: std::collections::BTreeMap<String, u64>,
     /// The first and last event's time.
     pub first: Option<u64>,
     /// The last event's time.
@@ -232,7 +238,20 @@ impl Timeline {
                     }
                 }
             }
-            Kind::Lost { .. } | Kind::Other { .. } => {}
+            Kind::TimerExpire { function } => {
+                *cpu.timers.entry(function.clone()).or_default() += 1;
+            }
+            Kind::TickStop {
+                success: false,
+                dependency,
+            } => {
+                *cpu.tick_kept.entry(dependency.clone()).or_default() += 1;
+            }
+            Kind::TickStop { success: true, .. } => {}
+            Kind::Lost { .. }
+            | Kind::Other { .. }
+            | Kind::PcpDrain { .. }
+            | Kind::WorkQueued { .. } => {}
         }
     }
 

@@ -22,7 +22,9 @@ use qpw_core::CpuSet;
 
 use super::event::{parse_line, ParseError, X86_VECTORS};
 
-/// The events an attribution needs; `irq_vectors` and `csd` are enabled where the kernel has them.
+/// The events an attribution needs (and `hrtimer_expire_entry`, which names the timers that fire
+/// on the measured CPU, the tick among them, and `tick_stop`, which says what keeps a `nohz_full`
+/// CPU's tick on); `irq_vectors` and `csd` are enabled where the kernel has them.
 pub const EVENTS: &[&str] = &[
     "sched/sched_switch",
     "workqueue/workqueue_execute_start",
@@ -33,7 +35,13 @@ pub const EVENTS: &[&str] = &[
     "irq/softirq_exit",
     "csd/csd_function_entry",
     "csd/csd_function_exit",
+    "timer/hrtimer_expire_entry",
+    "timer/tick_stop",
 ];
+
+/// The prefix of kernel-pcp's instance (`qpw-emu-pcp-<pid>`), which traces the drains of the
+/// requester's CPU and the target's: removed like the attribution's when its run was killed.
+pub const PCP_PREFIX: &str = "qpw-emu-pcp-";
 
 /// The trace clock the probes' timestamps can be matched with: `x86-tsc` where the probe
 /// reads the TSC, else `mono` (the probe's `CLOCK_MONOTONIC`).
@@ -108,7 +116,11 @@ impl Mount {
 /// of processes that no longer exist. Returns a line for each thing removed.
 fn remove_stale(mount: &Path) -> Vec<String> {
     let mut removed = Vec::new();
-    for (path, pid) in crate::rt::stale_entries(&mount.join("instances"), "qpw-emu-", "") {
+    let instances = mount.join("instances");
+    let stale = crate::rt::stale_entries(&instances, "qpw-emu-", "")
+        .into_iter()
+        .chain(crate::rt::stale_entries(&instances, PCP_PREFIX, ""));
+    for (path, pid) in stale {
         // Nothing reads a dead process's instance, so it can go at once.
         match fs::remove_dir(&path) {
             Ok(()) => removed.push(format!(
@@ -190,6 +202,8 @@ pub struct Instance {
     /// Events asked for that this kernel lacks.
     pub missing_events: Vec<String>,
     stop: Arc<AtomicBool>,
+    /// Whether no reader holds `trace_pipe` (any more).
+    closed: Arc<AtomicBool>,
     reader: Option<JoinHandle<Gathered>>,
     _mount: Mount,
 }
@@ -205,6 +219,53 @@ impl Instance {
         buffer_kb: u64,
         reader_cpu: Option<usize>,
     ) -> Result<Self> {
+        let mut events: Vec<String> = EVENTS.iter().map(|e| e.to_string()).collect();
+        for v in X86_VECTORS {
+            events.push(format!("irq_vectors/{v}_entry"));
+            events.push(format!("irq_vectors/{v}_exit"));
+        }
+        let mut inst = Self::create(name, cpus, clock, buffer_kb, &events)?;
+        if !inst.dir.join("events/sched/sched_switch/enable").exists() {
+            bail!("this kernel has no sched:sched_switch event: nothing can be attributed");
+        }
+        let pipe = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(inst.dir.join("trace_pipe"))
+            .context("cannot open the instance's trace_pipe")?;
+        let stop = inst.stop.clone();
+        let closed = inst.closed.clone();
+        closed.store(false, Ordering::SeqCst);
+        inst.reader = Some(
+            std::thread::Builder::new()
+                .name("qpw-trace-reader".into())
+                .spawn(move || {
+                    if let Some(cpu) = reader_cpu {
+                        let _ = qpw_core::pin_current_thread(cpu);
+                    }
+                    let gathered = read_pipe(pipe, &stop);
+                    // `read_pipe` has closed the pipe.
+                    closed.store(true, Ordering::SeqCst);
+                    gathered
+                })
+                .context("cannot start the trace reader thread")?,
+        );
+        inst.write("tracing_on", "1")?;
+        Ok(inst)
+    }
+
+    /// Creates `instances/<name>` tracing `cpus` with `events` (`group/event`; those this
+    /// kernel lacks are listed in `missing_events`), clock `clock` and `buffer_kb` of ring
+    /// buffer per CPU (0: the default), stopped and without a reader: [`Self::set_filter`], then
+    /// [`Self::tracing_on`], and [`Self::take_text`] reads it (the kernel-pcp trace, read
+    /// between triggers).
+    pub fn create(
+        name: &str,
+        cpus: &CpuSet,
+        clock: &str,
+        buffer_kb: u64,
+        events: &[String],
+    ) -> Result<Self> {
         preflight()?;
         let mount = Mount::find_or_mount()?;
         for line in remove_stale(&mount.path) {
@@ -219,7 +280,8 @@ impl Instance {
             )
         })?;
         let stop = Arc::new(AtomicBool::new(false));
-        let closed = Arc::new(AtomicBool::new(false));
+        // No reader holds the instance's trace_pipe until one is started.
+        let closed = Arc::new(AtomicBool::new(true));
         // A second Ctrl-C ends the process without running `Drop`: stop the reader (an open
         // trace_pipe keeps the instance busy), then remove the instance.
         let (hook_dir, hook_stop, hook_closed) = (dir.clone(), stop.clone(), closed.clone());
@@ -239,35 +301,41 @@ impl Instance {
             clock: clock.to_string(),
             missing_events: Vec::new(),
             stop,
+            closed,
             reader: None,
             _mount: mount,
         };
-        inst.configure(clock, buffer_kb)?;
-        let pipe = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(inst.dir.join("trace_pipe"))
-            .context("cannot open the instance's trace_pipe")?;
-        let stop = inst.stop.clone();
-        inst.reader = Some(
-            std::thread::Builder::new()
-                .name("qpw-trace-reader".into())
-                .spawn(move || {
-                    if let Some(cpu) = reader_cpu {
-                        let _ = qpw_core::pin_current_thread(cpu);
-                    }
-                    let gathered = read_pipe(pipe, &stop);
-                    // `read_pipe` has closed the pipe.
-                    closed.store(true, Ordering::SeqCst);
-                    gathered
-                })
-                .context("cannot start the trace reader thread")?,
-        );
-        inst.write("tracing_on", "1")?;
+        inst.configure(clock, buffer_kb, events)?;
         Ok(inst)
     }
 
-    fn configure(&mut self, clock: &str, buffer_kb: u64) -> Result<()> {
+    /// Sets `filter` on `event` (`group/event`), as its `filter` file takes it.
+    pub fn set_filter(&self, event: &str, filter: &str) -> Result<()> {
+        self.write(&format!("events/{event}/filter"), filter)
+    }
+
+    /// Turns one of the instance's `options/` on or off (`overwrite`: when the ring buffer is
+    /// full, off drops the newest events instead of overwriting the oldest).
+    pub fn set_option(&self, option: &str, on: bool) -> Result<()> {
+        self.write(&format!("options/{option}"), if on { "1" } else { "0" })
+    }
+
+    /// Starts recording.
+    pub fn tracing_on(&self) -> Result<()> {
+        self.write("tracing_on", "1")
+    }
+
+    /// Reads what the ring buffer holds (the `trace` file, which pauses recording while it is
+    /// open) and empties it; for an instance without a reader.
+    pub fn take_text(&self) -> Result<String> {
+        let path = self.dir.join("trace");
+        let text =
+            fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        self.write("trace", "")?;
+        Ok(text)
+    }
+
+    fn configure(&mut self, clock: &str, buffer_kb: u64, events: &[String]) -> Result<()> {
         self.write("tracing_on", "0")?;
         let clocks = fs::read_to_string(self.dir.join("trace_clock")).unwrap_or_default();
         if !clocks
@@ -281,27 +349,23 @@ impl Instance {
             );
         }
         self.write("trace_clock", clock)?;
-        self.write("buffer_size_kb", &buffer_kb.to_string())?;
+        // Resizing queues the kernel's `update_pages_handler` to every CPU's kworker, the
+        // measured one included: 0 keeps the default size (1408 KiB per CPU).
+        if buffer_kb > 0 {
+            self.write("buffer_size_kb", &buffer_kb.to_string())?;
+        }
         self.write("tracing_cpumask", &cpumask_hex(&self.cpus))?;
         // The process of each task, to tell our worker threads from another process's.
         if self.dir.join("options/record-tgid").exists() {
             self.write("options/record-tgid", "1")?;
         }
-        let mut events: Vec<String> = EVENTS.iter().map(|e| e.to_string()).collect();
-        for v in X86_VECTORS {
-            events.push(format!("irq_vectors/{v}_entry"));
-            events.push(format!("irq_vectors/{v}_exit"));
-        }
         for e in events {
-            let path = self.dir.join("events").join(&e).join("enable");
+            let path = self.dir.join("events").join(e).join("enable");
             if path.exists() {
                 self.write(&format!("events/{e}/enable"), "1")?;
             } else {
-                self.missing_events.push(e);
+                self.missing_events.push(e.clone());
             }
-        }
-        if !self.dir.join("events/sched/sched_switch/enable").exists() {
-            bail!("this kernel has no sched:sched_switch event: nothing can be attributed");
         }
         Ok(())
     }

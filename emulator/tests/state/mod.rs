@@ -1,7 +1,8 @@
 //! What a run of qpw-emu may leave on the system, looked up after it ended: RT throttling, a
 //! tracefs mount or instance, a cgroup, a state record, a filler process. Every run names what
-//! it makes after its pid (`qpw-emu-<pid>`, `qpw-emu-tracefs-<pid>`, `rt-throttling-<pid>`), so
-//! that other runs on the machine (another engineer's tests) are not taken for ours.
+//! it makes after its pid (`qpw-emu-<pid>`, `qpw-emu-pcp-<pid>`, `qpw-emu-tracefs-<pid>`,
+//! `rt-throttling-<pid>`, `hugepages-<pid>`), so that other runs on the machine (another
+//! engineer's tests) are not taken for ours.
 
 #![allow(dead_code)] // each test binary uses a part
 
@@ -108,16 +109,17 @@ pub(crate) fn leftovers(pid: u32) -> Vec<String> {
             }
         }
     }
-    let instance = format!("qpw-emu-{pid}");
+    let instances = [format!("qpw-emu-{pid}"), format!("qpw-emu-pcp-{pid}")];
     found.extend(
         qpw_instances()
             .into_iter()
-            .filter(|n| *n == instance)
+            .filter(|n| instances.contains(n))
             .map(|n| format!("tracefs instance {n}")),
     );
     for name in [
         format!("rt-throttling-{pid}.json"),
         format!("isolation-{pid}.json"),
+        format!("hugepages-{pid}.json"),
     ] {
         let p = PathBuf::from("/run/qpw-emu").join(name);
         if p.exists() {
