@@ -109,13 +109,9 @@ fn run(cli: Cli) -> Result<()> {
             json,
             plot: plot_path,
         } => compare(
-            request_rate,
-            &rates,
-            &modes,
-            &d,
-            (scrape, poll),
-            json,
-            plot_path,
+            &Plan::new(request_rate, &rates, &modes, &d, (scrape, poll))?,
+            json.as_deref(),
+            plot_path.as_deref(),
         ),
         Cmd::Serve {
             mode,
@@ -176,45 +172,112 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn compare(
+/// `compare`'s arguments, checked.
+struct Plan {
     request_rate: f64,
-    rates: &str,
-    modes: &str,
-    d: &str,
-    (scrape, poll): (Scrape, Poll),
-    json: Option<std::path::PathBuf>,
-    plot_path: Option<std::path::PathBuf>,
-) -> Result<()> {
-    let d = duration("--duration", d)?;
-    if !(1.0..=100_000.0).contains(&request_rate) {
-        bail!("--request-rate {request_rate}: must be 1 to 100000 per second");
-    }
-    let rates: Vec<f64> = rates
-        .split(',')
-        .map(|r| match r.trim().parse::<f64>() {
-            Ok(v) if (1.0..=100_000.0).contains(&v) => Ok(v),
-            _ => bail!("--rates {rates}: `{r}` is not a scrape rate of 1 to 100000 per second"),
+    /// Scrapes per second, one cell per rate and mode.
+    rates: Vec<f64>,
+    modes: Vec<String>,
+    /// The load per cell.
+    duration: Duration,
+    scrape: Scrape,
+    poll: Poll,
+}
+
+impl Plan {
+    /// Each argument within its range, or an error naming it and the range.
+    fn new(
+        request_rate: f64,
+        rates: &str,
+        modes: &str,
+        duration_arg: &str,
+        (scrape, poll): (Scrape, Poll),
+    ) -> Result<Self> {
+        let duration = duration("--duration", duration_arg)?;
+        if !(1.0..=100_000.0).contains(&request_rate) {
+            bail!("--request-rate {request_rate}: must be 1 to 100000 per second");
+        }
+        let rates = rates
+            .split(',')
+            .map(|r| match r.trim().parse::<f64>() {
+                Ok(v) if (1.0..=100_000.0).contains(&v) => Ok(v),
+                _ => bail!("--rates {rates}: `{r}` is not a scrape rate of 1 to 100000 per second"),
+            })
+            .collect::<Result<_>>()?;
+        let modes: Vec<String> = modes.split(',').map(|m| m.trim().to_string()).collect();
+        for m in &modes {
+            qpw_service::policy(m).with_context(|| format!("--modes {}", modes.join(",")))?;
+        }
+        Ok(Plan {
+            request_rate,
+            rates,
+            modes,
+            duration,
+            scrape,
+            poll,
         })
-        .collect::<Result<_>>()?;
-    let modes: Vec<&str> = modes.split(',').map(str::trim).collect();
-    for m in &modes {
-        qpw_service::policy(m).with_context(|| format!("--modes {}", modes.join(",")))?;
     }
-    let cells = rates.len() * modes.len();
+
+    fn cells(&self) -> usize {
+        self.rates.len() * self.modes.len()
+    }
+}
+
+/// Every mode at each scrape rate: the plan measured, the table printed, the JSON and the plot
+/// written, and an error if any cell's counts disagree.
+fn compare(
+    plan: &Plan,
+    json: Option<&std::path::Path>,
+    plot_path: Option<&std::path::Path>,
+) -> Result<()> {
     eprintln!(
-        "service compare: {} modes x {} scrape rates, {:.1} s each at {request_rate} requests/s \
-         (about {:.0} s); scrape by {scrape:?}, servers poll {poll:?}",
-        modes.len(),
-        rates.len(),
-        d.as_secs_f64(),
-        cells as f64 * (d.as_secs_f64() + 0.3)
+        "service compare: {} modes x {} scrape rates, {:.1} s each at {} requests/s \
+         (about {:.0} s); scrape by {:?}, servers poll {:?}",
+        plan.modes.len(),
+        plan.rates.len(),
+        plan.duration.as_secs_f64(),
+        plan.request_rate,
+        plan.cells() as f64 * (plan.duration.as_secs_f64() + 0.3),
+        plan.scrape,
+        plan.poll,
     );
     let started = Instant::now();
+    let results = measure(plan, json)?;
+    print_table(&results);
+    if let Some(path) = json {
+        println!("JSON: {}", path.display());
+    }
+    if let Some(path) = plot_path {
+        draw(path, plan, &results)?;
+        println!("plot: {}", path.display());
+    }
+    eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
+    let lost: Vec<String> = results.iter().filter_map(RunResult::mismatch).collect();
+    if !lost.is_empty() {
+        bail!(
+            "the counts disagree (nothing may be lost or counted twice): {}",
+            lost.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// Runs each cell, with a progress line per cell on standard error, and writes the JSON (when
+/// asked) after each, so that a run stopped half-way keeps what it measured.
+fn measure(plan: &Plan, json: Option<&std::path::Path>) -> Result<Vec<RunResult>> {
+    let cells = plan.cells();
     let mut results: Vec<RunResult> = Vec::new();
     // Rates outside, modes inside: the machine's drift falls on every mode alike.
-    for &rate in &rates {
-        for m in &modes {
-            let r = run_one(m, request_rate, rate, scrape, poll, d)?;
+    for &rate in &plan.rates {
+        for m in &plan.modes {
+            let r = run_one(
+                m,
+                plan.request_rate,
+                rate,
+                plan.scrape,
+                plan.poll,
+                plan.duration,
+            )?;
             eprintln!(
                 "  [{}/{cells}] {m} at {rate}/s: p99 {:.1} us, {} scrapes, {}",
                 results.len() + 1,
@@ -226,12 +289,16 @@ fn compare(
                 }
             );
             results.push(r);
-            // Written after each cell, so that a run stopped half-way keeps what it measured.
-            if let Some(path) = &json {
+            if let Some(path) = json {
                 write_json(path, &results)?;
             }
         }
     }
+    Ok(results)
+}
+
+/// The instances' descriptions, then one row per cell and the columns' legend.
+fn print_table(results: &[RunResult]) {
     if let Some(first) = results.first() {
         println!("{}", first.qpw);
         for r in results.iter().skip(1).filter(|r| r.qpw != first.qpw) {
@@ -260,7 +327,7 @@ fn compare(
         "replid",
         "ok"
     );
-    for r in &results {
+    for r in results {
         let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         println!(
             "{:<7} {:>7} | {:>8.1} {:>8.1} {:>8.1} {:>9.1} | {:>8} {:>8} | {:>7.2} {:>7.2} | {:>7.3} {:>7.2} | {:>9} {:>9} | {:>6} {:>6} {:>6} {:>6} {:>3}",
@@ -298,39 +365,32 @@ fn compare(
          replid, no reply twice. A request dropped by a full socket before the server shows as \
          sent > served and is no loss of the library's.)"
     );
-    if let Some(path) = &json {
-        println!("JSON: {}", path.display());
-    }
-    if let Some(path) = &plot_path {
-        let series: Vec<plot::Series> = modes
-            .iter()
-            .map(|m| {
-                let pts = results
-                    .iter()
-                    .filter(|r| r.mode == *m)
-                    .map(|r| (r.scrape_rate, r.load.p99_us))
-                    .collect();
-                (m.to_string(), pts)
-            })
-            .collect();
-        let svg = plot::chart(
-            &format!("request p99 at {request_rate} requests/s, by scrape rate"),
-            "scrapes per second",
-            "request round trip p99 (us)",
-            &series,
-        );
-        std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
-        println!("plot: {}", path.display());
-    }
-    eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
-    let lost: Vec<String> = results.iter().filter_map(RunResult::mismatch).collect();
-    if !lost.is_empty() {
-        bail!(
-            "the counts disagree (nothing may be lost or counted twice): {}",
-            lost.join("; ")
-        );
-    }
-    Ok(())
+}
+
+/// Request p99 against scrape rate, one series per mode, as SVG at `path`.
+fn draw(path: &std::path::Path, plan: &Plan, results: &[RunResult]) -> Result<()> {
+    let series: Vec<plot::Series> = plan
+        .modes
+        .iter()
+        .map(|m| {
+            let pts = results
+                .iter()
+                .filter(|r| r.mode == *m)
+                .map(|r| (r.scrape_rate, r.load.p99_us))
+                .collect();
+            (m.to_string(), pts)
+        })
+        .collect();
+    let svg = plot::chart(
+        &format!(
+            "request p99 at {} requests/s, by scrape rate",
+            plan.request_rate
+        ),
+        "scrapes per second",
+        "request round trip p99 (us)",
+        &series,
+    );
+    std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Writes every cell measured so far as a JSON array.
