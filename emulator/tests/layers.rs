@@ -16,7 +16,8 @@
 //! line and the import.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+
+mod source_tree;
 
 /// A module of the crate: its path below `crate` (`commands::run`, `trace::tracefs`; empty for
 /// `lib.rs`).
@@ -89,35 +90,11 @@ impl Room {
 
 /// The emulator's library sources (`main.rs`, the binary above everything, left out).
 fn the_tree() -> Vec<Source> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    walk(&root, &mut files);
-    files.sort();
-    files
+    source_tree::files()
         .into_iter()
-        .filter_map(|path| {
-            let rel = path
-                .strip_prefix(&root)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            (rel != "main.rs").then(|| {
-                let text = std::fs::read_to_string(&path).unwrap();
-                source(&format!("emulator/src/{rel}"), &rel, text)
-            })
-        })
+        .filter(|(rel, _)| rel != "main.rs")
+        .map(|(rel, text)| source(&format!("emulator/src/{rel}"), &rel, text))
         .collect()
-}
-
-fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            walk(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The source of the file at `rel` below `src/` (`commands/run.rs`), with its module.
