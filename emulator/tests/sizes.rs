@@ -35,22 +35,17 @@ const NOT_YET: &[(&str, usize)] = &[
     ("commands/oslat.rs oslat_cmd", 222),
     ("commands/report.rs report_cmd", 120),
     ("commands/resctrl.rs resctrl_cmd", 104),
-    ("commands/run.rs run", 268),
-    ("commands/run.rs conclude", 153),
+    ("commands/run/conclude.rs conclude", 153),
+    ("commands/run/mod.rs run", 268),
     ("commands/trace.rs trace_cmd", 85),
-    ("cyclictest.rs thread_main", 197),
-    ("isolate.rs isolate", 176),
+    ("cyclictest/thread.rs thread_main", 197),
+    ("isolate/steps.rs isolate", 176),
     ("oslat.rs thread_main", 178),
     ("table.rs table", 171),
 ];
 
 /// Files still over [`FILE_LINES`], as [`NOT_YET`]: `(path below src/, lines)`.
-const FILES_NOT_YET: &[(&str, usize)] = &[
-    ("cli.rs", 1007),
-    ("commands/run.rs", 1771),
-    ("cyclictest.rs", 1221),
-    ("isolate.rs", 1122),
-];
+const FILES_NOT_YET: &[(&str, usize)] = &[("cli.rs", 1007), ("isolate.rs", 1122)];
 
 /// A function found in a file.
 #[derive(Debug)]
