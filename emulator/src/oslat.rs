@@ -238,9 +238,9 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
     if n == 0 {
         return Err(anyhow!("no CPU to measure"));
     }
-    let mut ignored = crate::rt::Warnings::default();
+    let mut ignored = crate::sink::Sink::new(true);
     let _away = match &cfg.main_cpus {
-        Some(main) => crate::rt::AwayFrom::onto(main, &mut ignored, true),
+        Some(main) => crate::rt::AwayFrom::onto(main, &mut ignored),
         None => crate::rt::AwayFrom::cpus(&cfg.cpus),
     };
     let ctl = Arc::new(Control {

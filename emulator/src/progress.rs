@@ -67,3 +67,18 @@ impl Progress {
         }
     }
 }
+
+/// Waits for the end of a run of `duration` (until Ctrl-C without one), drawing the progress
+/// line of `label` unless `quiet`; returns when the wait began.
+pub fn wait_for(label: &str, duration: Option<Duration>, quiet: bool) -> Instant {
+    let progress = Progress::new(label, duration.unwrap_or(Duration::MAX), quiet);
+    let start = Instant::now();
+    while duration.is_none_or(|d| start.elapsed() < d) && !crate::rt::interrupted() {
+        if duration.is_some() {
+            progress.tick();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    progress.finish();
+    start
+}

@@ -30,22 +30,16 @@ const NAMED: [(&str, &str); 5] = [
 /// brought down: what remains of issue 43. The test fails when one of them grows, and when one
 /// comes within the limit (so that it leaves the list). Empty when the issue is done.
 const NOT_YET: &[(&str, usize)] = &[
-    ("commands/cyclictest.rs cyclictest_cmd", 382),
-    ("commands/load.rs load_cmd", 124),
-    ("commands/oslat.rs oslat_cmd", 222),
-    ("commands/report.rs report_cmd", 120),
-    ("commands/resctrl.rs resctrl_cmd", 104),
-    ("commands/run/conclude.rs conclude", 153),
-    ("commands/run/mod.rs run", 268),
-    ("commands/trace.rs trace_cmd", 85),
+    // The probes' measuring threads: pin, priority, start barrier, the measuring loop, end
+    // barrier, as oslat's and cyclictest's own threads read (STYLE.md rule 15); their loops
+    // keep their state in locals on purpose (no call on the hot path), so the set-up before
+    // the loop and the figures after it are what can still move out.
     ("cyclictest/thread.rs thread_main", 197),
-    ("isolate/steps.rs isolate", 176),
     ("oslat.rs thread_main", 178),
-    ("table.rs table", 171),
 ];
 
 /// Files still over [`FILE_LINES`], as [`NOT_YET`]: `(path below src/, lines)`.
-const FILES_NOT_YET: &[(&str, usize)] = &[("cli.rs", 1007), ("isolate.rs", 1122)];
+const FILES_NOT_YET: &[(&str, usize)] = &[];
 
 /// A function found in a file.
 #[derive(Debug)]
@@ -194,7 +188,12 @@ fn the_measure_counts_from_fn_to_its_closing_brace() {
 #[test]
 fn no_source_file_is_over_900_lines() {
     let mut over = Vec::new();
-    for (rel, text) in source_tree::files() {
+    let files = source_tree::files();
+    over.extend(stale(
+        FILES_NOT_YET,
+        files.iter().map(|(rel, _)| rel.clone()),
+    ));
+    for (rel, text) in files {
         let lines = text.lines().count();
         over.extend(over_limit(
             &rel,
@@ -209,6 +208,17 @@ fn no_source_file_is_over_900_lines() {
         "\nfiles over {FILE_LINES} lines:\n{}\n",
         over.join("\n")
     );
+}
+
+/// The entries of a list of what remains that name nothing in the tree any more (moved or
+/// renamed: the list must follow).
+fn stale(not_yet: &[(&str, usize)], found: impl Iterator<Item = String>) -> Vec<String> {
+    let found: Vec<String> = found.collect();
+    not_yet
+        .iter()
+        .filter(|(name, _)| !found.iter().any(|f| f == name))
+        .map(|(name, _)| format!("{name}: on the list but not in emulator/src (moved?)"))
+        .collect()
 }
 
 /// What is wrong with `what` at `lines` against `limit` and the list of what remains, if
@@ -236,8 +246,9 @@ fn over_limit(
 
 #[test]
 fn entry_functions_are_about_80_lines() {
-    let mut over = Vec::new();
-    for (entry, lines) in entry_functions() {
+    let entries = entry_functions();
+    let mut over = stale(NOT_YET, entries.iter().map(|(e, _)| without_line(e)));
+    for (entry, lines) in entries {
         let fix = "name its phases, each in its own function";
         over.extend(over_limit(&entry, lines, ENTRY_LINES, NOT_YET, fix));
     }

@@ -193,6 +193,15 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     }
     let figures = resctrl::measure_read_paths(&config).context("resctrl figures")?;
     let j = resctrl_json(&figures);
+    print!("{}", text(&j));
+    if let Some(path) = &args.json {
+        json::write(path, &Envelope::succeeded(start_time, j))?;
+    }
+    Ok(())
+}
+
+/// The read paths side by side, as text.
+fn text(j: &ResctrlJson) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -266,9 +275,5 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
             j.violations
         );
     }
-    print!("{s}");
-    if let Some(path) = &args.json {
-        json::write(path, &Envelope::succeeded(start_time, j))?;
-    }
-    Ok(())
+    s
 }

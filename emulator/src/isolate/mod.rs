@@ -44,7 +44,7 @@ use anyhow::{bail, Result};
 use qpw_core::CpuSet;
 use serde::{Deserialize, Serialize};
 
-use crate::rt::Warnings;
+use crate::sink::Sink;
 
 mod cgroups;
 pub mod partition;
@@ -96,9 +96,9 @@ pub struct IsolationReport {
 }
 
 impl IsolationReport {
-    /// Says the report's lines on stderr (the text output), unless `quiet`.
-    pub fn say(&self, quiet: bool) {
-        if !quiet {
+    /// Says the report's lines on stderr (the text output), unless the sink is quiet.
+    pub fn say(&self, sink: &Sink) {
+        if !sink.is_quiet() {
             for l in self.lines() {
                 eprintln!("qpw-emu: {l}");
             }
@@ -269,29 +269,25 @@ impl Drop for Isolation {
 }
 
 /// `--isolate` for a probe or the load: isolates `measured` when asked, with a report in the
-/// text output (unless `quiet`) and a warning when something stayed.
+/// text output (unless the sink is quiet) and a warning when something stayed.
 pub fn for_run(
     asked: bool,
     measured: &CpuSet,
     allowed: &CpuSet,
-    warnings: &mut Warnings,
-    quiet: bool,
+    sink: &mut Sink,
 ) -> Result<Option<Isolation>> {
     if !asked {
         return Ok(None);
     }
     let housekeeping = allowed.difference(measured);
     let iso = Isolation::apply(measured, &housekeeping)?;
-    iso.report.say(quiet);
+    iso.report.say(sink);
     if !iso.report.kernel_sees_isolated {
-        warnings.push(
-            quiet,
-            format!(
-                "cpu {measured} isolated at run time (--isolate), not at boot: the tick still \
+        sink.warn(format!(
+            "cpu {measured} isolated at run time (--isolate), not at boot: the tick still \
                  runs there and the kernel does not count it as isolated, so its per-CPU \
                  drains still reach it",
-            ),
-        );
+        ));
     }
     Ok(Some(iso))
 }

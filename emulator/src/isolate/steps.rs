@@ -14,6 +14,8 @@ use super::{
     SavedTask, PF_KTHREAD, PF_NO_SETAFFINITY, PROC_IRQ, RECOVERED, WQ_CPUMASK,
 };
 
+/// Isolates `cpus`, moving what can be moved to `housekeeping`, each change recorded in `s`
+/// (and its state file) before it is made; what was done and what stayed goes in `report`.
 pub(super) fn isolate(
     cpus: &CpuSet,
     housekeeping: &CpuSet,
@@ -23,9 +25,30 @@ pub(super) fn isolate(
 ) -> Result<()> {
     recover_stale();
     report.recovered = std::mem::take(&mut *RECOVERED.lock().unwrap_or_else(|e| e.into_inner()));
-    let me = std::process::id() as i32;
+    // 1. Tasks.
+    move_tasks(cpus, s, report, state_file);
+    // 2. Unbound workqueues.
+    move_workqueues(cpus, housekeeping, s, report, state_file);
+    // 3. Interrupts.
+    move_irqs(cpus, housekeeping, s, report, state_file);
+    // 4. Scheduler domains.
+    split_domains(cpus, housekeeping, s, report, state_file)?;
+    persist(s, state_file);
+    report.kernel_sees_isolated = qpw_core::Topology::read()
+        .map(|t| cpus.is_subset(&t.isolated_or_nohz_full()))
+        .unwrap_or(false);
+    Ok(())
+}
 
-    // 1. Tasks. In passes: a thread that a process not yet moved starts during a pass has the
+/// Step 1: every thread of every other process off `cpus`.
+fn move_tasks(
+    cpus: &CpuSet,
+    s: &mut Saved,
+    report: &mut IsolationReport,
+    state_file: &Option<PathBuf>,
+) {
+    let me = std::process::id() as i32;
+    // In passes: a thread that a process not yet moved starts during a pass has the
     // old mask and is not in that pass's list; the next pass finds it (a moved process's new
     // threads inherit the narrowed mask), until a pass moves nothing.
     let mut moved = 0;
@@ -89,8 +112,16 @@ pub(super) fn isolate(
     report.steps.push(format!(
         "{moved} thread(s) of other processes moved off (sched_setaffinity)"
     ));
+}
 
-    // 2. Unbound workqueues.
+/// Step 2: the unbound workqueues off `cpus`.
+fn move_workqueues(
+    cpus: &CpuSet,
+    housekeeping: &CpuSet,
+    s: &mut Saved,
+    report: &mut IsolationReport,
+    state_file: &Option<PathBuf>,
+) {
     let wq = Path::new(WQ_CPUMASK);
     match std::fs::read_to_string(wq) {
         Ok(old) => {
@@ -113,8 +144,16 @@ pub(super) fn isolate(
             .steps
             .push(format!("unbound workqueues not moved: {WQ_CPUMASK}: {e}")),
     }
+}
 
-    // 3. Interrupts.
+/// Step 3: the interrupts off `cpus`, those the kernel delivers elsewhere left alone.
+fn move_irqs(
+    cpus: &CpuSet,
+    housekeeping: &CpuSet,
+    s: &mut Saved,
+    report: &mut IsolationReport,
+    state_file: &Option<PathBuf>,
+) {
     let mut irqs_elsewhere = 0;
     for (irq, path) in irq_affinity_files() {
         let Ok(old) = std::fs::read_to_string(&path) else {
@@ -160,8 +199,17 @@ pub(super) fn isolate(
          {irqs_elsewhere} allowed there but delivered elsewhere left alone",
         report.irqs_moved.len()
     ));
+}
 
-    // 4. Scheduler domains.
+/// Step 4: the scheduler domains: `cpus` in none (the cgroup v1 shield, or a cgroup v2
+/// isolated partition).
+fn split_domains(
+    cpus: &CpuSet,
+    housekeeping: &CpuSet,
+    s: &mut Saved,
+    report: &mut IsolationReport,
+    state_file: &Option<PathBuf>,
+) -> Result<()> {
     match Cgroups::find() {
         Cgroups {
             v1_cpuset: Some(root),
@@ -184,10 +232,6 @@ pub(super) fn isolate(
             .steps
             .push("scheduler domains unchanged: no cpuset controller mounted".to_string()),
     }
-    persist(s, state_file);
-    report.kernel_sees_isolated = qpw_core::Topology::read()
-        .map(|t| cpus.is_subset(&t.isolated_or_nohz_full()))
-        .unwrap_or(false);
     Ok(())
 }
 

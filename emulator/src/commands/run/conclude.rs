@@ -12,119 +12,8 @@ impl Ctx {
     /// Compares the modes and says in words what the table shows, or why it does not.
     pub(super) fn conclude(&mut self) {
         let rows = self.rows();
-        let baseline = self.baseline_rate();
-        let find = |scen: &str| rows.iter().find(|r| r.name == scen);
-        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
-            _ => "n/a".to_string(),
-        };
-        let two = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.2}"));
-        let ns = |v: Option<f64>| v.map_or("n/a".into(), |v| format!("{v:.0} ns"));
-        let mut lines = Vec::new();
-        for row in &rows {
-            let Some(w) = row.name.strip_prefix("queue-") else {
-                continue;
-            };
-            let (Some(q), Some(r)) = (find(&format!("queue-{w}")), find(&format!("remote-{w}")))
-            else {
-                continue;
-            };
-            let by_round = |row: &Row| {
-                let parts: Vec<String> = row
-                    .excess_per_drain_by_round
-                    .iter()
-                    .map(|&v| two(v))
-                    .collect();
-                parts.join("/")
-            };
-            lines.push(format!(
-                "{w}: queue/remote drain p50 {}, p99 {}; target interruptions/s {:.0} vs {:.0} \
-                 (idle {:.0}); excess interruptions per drain {} vs {} (median of the rounds; \
-                 by round {} vs {}); probe preemptions per drain {} vs {}",
-                ratio(q.drain_p50, r.drain_p50),
-                ratio(q.drain_p99, r.drain_p99),
-                q.interruptions_per_s.unwrap_or(0.0),
-                r.interruptions_per_s.unwrap_or(0.0),
-                baseline,
-                two(q.excess_per_drain),
-                two(r.excess_per_drain),
-                by_round(q),
-                by_round(r),
-                two(q.preemptions_per_drain),
-                two(r.preemptions_per_drain),
-            ));
-            if q.target_drains == Some(0) {
-                lines.push(format!(
-                    "{w}: no queue-mode drain reached the target (its cache was always empty when \
-                     the requester looked), so no drain could interrupt it"
-                ));
-            }
-            if q.excess_per_drain.unwrap_or(0.0) <= r.excess_per_drain.unwrap_or(0.0) {
-                let in_op = r.during_local_op.unwrap_or(0);
-                let total = r.interruptions.unwrap_or(0).max(1);
-                lines.push(format!(
-                    "{w}: in this run the target saw at least as many interruptions per drain in \
-                     remote mode as in queue mode, though no worker of ours runs there in remote \
-                     mode: {in_op} of its {total} interruptions came while the probe was doing \
-                     its own local operation, i.e. waiting for its per-CPU lock (held by the \
-                     requester, which in userspace can itself be preempted or blocked while \
-                     holding it, unlike under a kernel spinlock); the rest is this machine's \
-                     noise ({baseline:.0} interruptions/s idle)"
-                ));
-            }
-        }
-        // Fenced mode against remote mode, whether or not queue mode ran.
-        for f in &rows {
-            let Some(w) = f.name.strip_prefix("fenced-") else {
-                continue;
-            };
-            if let Some(w) = w.strip_prefix("idle-") {
-                lines.push(format!(
-                    "{w}: with an idle owner (it spins, touching its lock once per {} us), per \
-                     drain the target answered {} of the requester's flags and was fenced for {}: \
-                     the fence's interrupt lands there (the trace's call_function_single, below); \
-                     drain p50 {}",
-                    IDLE_OWNER.as_micros(),
-                    two(f.answers_per_drain),
-                    two(f.fences_per_drain),
-                    f.drain_p50.map_or("n/a".into(), |v| format!("{v:.1} us")),
-                ));
-                continue;
-            }
-            if let Some(w) = w.strip_prefix("poll-") {
-                let remote = find(&format!("remote-{w}"));
-                lines.push(format!(
-                    "{w}: the same idle owner polling its binding at every turn of its spin loop \
-                     (fenced-poll-{w}: Binding::poll, as an owner's poll loop answers requesters \
-                     between its operations): per drain the target answered {} of the \
-                     requester's flags and was fenced for {}; drain p50 {}, {} remote mode's",
-                    two(f.answers_per_drain),
-                    two(f.fences_per_drain),
-                    f.drain_p50.map_or("n/a".into(), |v| format!("{v:.1} us")),
-                    remote.map_or("n/a".into(), |r| ratio(f.drain_p50, r.drain_p50)),
-                ));
-                continue;
-            }
-            let Some(r) = find(&format!("remote-{w}")) else {
-                continue;
-            };
-            lines.push(format!(
-                "{w}: fenced/remote drain p50 {}, p99 {}; per drain the target answered {} of \
-                 the requester's flags and was fenced for {} (a membarrier interrupt each, when \
-                 a thread of ours ran there); owner's local op p50 {} vs {}; excess \
-                 interruptions per drain {} vs {}; probe context switches per drain {} vs {}",
-                ratio(f.drain_p50, r.drain_p50),
-                ratio(f.drain_p99, r.drain_p99),
-                two(f.answers_per_drain),
-                two(f.fences_per_drain),
-                ns(f.local_op_ns),
-                ns(r.local_op_ns),
-                two(f.excess_per_drain),
-                two(r.excess_per_drain),
-                two(f.preemptions_per_drain),
-                two(r.preemptions_per_drain),
-            ));
-        }
+        let mut lines = queue_against_remote(&rows, self.baseline_rate());
+        lines.extend(fenced_against_remote(&rows));
         lines.push(self.threshold_line());
         if self.isolate {
             lines.extend(self.isolation_lines());
@@ -149,7 +38,7 @@ impl Ctx {
         {
             let (warn, line) = crate::tick::verdict(self.target, self.nohz_full, &idle.tick);
             if warn {
-                self.warnings.push(self.quiet, line);
+                self.sink.warn(line);
             } else {
                 self.notes.push(line);
             }
@@ -274,4 +163,140 @@ impl Ctx {
         }
         lines
     }
+}
+
+/// `a / b` as `2.5x`, or `n/a`.
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+        _ => "n/a".to_string(),
+    }
+}
+
+/// A figure with two decimals, or `n/a`.
+fn two(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |v| format!("{v:.2}"))
+}
+
+/// Nanoseconds, or `n/a`.
+fn ns(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |v| format!("{v:.0} ns"))
+}
+
+/// Each workload's queue mode against its remote mode: drain times, interruptions, probe
+/// preemptions; and why remote mode can look no better on this machine.
+fn queue_against_remote(rows: &[Row], baseline: f64) -> Vec<String> {
+    let find = |scen: &str| rows.iter().find(|r| r.name == scen);
+    let mut lines = Vec::new();
+    for row in rows {
+        let Some(w) = row.name.strip_prefix("queue-") else {
+            continue;
+        };
+        let (Some(q), Some(r)) = (find(&format!("queue-{w}")), find(&format!("remote-{w}"))) else {
+            continue;
+        };
+        let by_round = |row: &Row| {
+            let parts: Vec<String> = row
+                .excess_per_drain_by_round
+                .iter()
+                .map(|&v| two(v))
+                .collect();
+            parts.join("/")
+        };
+        lines.push(format!(
+            "{w}: queue/remote drain p50 {}, p99 {}; target interruptions/s {:.0} vs {:.0} \
+             (idle {:.0}); excess interruptions per drain {} vs {} (median of the rounds; \
+             by round {} vs {}); probe preemptions per drain {} vs {}",
+            ratio(q.drain_p50, r.drain_p50),
+            ratio(q.drain_p99, r.drain_p99),
+            q.interruptions_per_s.unwrap_or(0.0),
+            r.interruptions_per_s.unwrap_or(0.0),
+            baseline,
+            two(q.excess_per_drain),
+            two(r.excess_per_drain),
+            by_round(q),
+            by_round(r),
+            two(q.preemptions_per_drain),
+            two(r.preemptions_per_drain),
+        ));
+        if q.target_drains == Some(0) {
+            lines.push(format!(
+                "{w}: no queue-mode drain reached the target (its cache was always empty when \
+                 the requester looked), so no drain could interrupt it"
+            ));
+        }
+        if q.excess_per_drain.unwrap_or(0.0) <= r.excess_per_drain.unwrap_or(0.0) {
+            let in_op = r.during_local_op.unwrap_or(0);
+            let total = r.interruptions.unwrap_or(0).max(1);
+            lines.push(format!(
+                "{w}: in this run the target saw at least as many interruptions per drain in \
+                 remote mode as in queue mode, though no worker of ours runs there in remote \
+                 mode: {in_op} of its {total} interruptions came while the probe was doing \
+                 its own local operation, i.e. waiting for its per-CPU lock (held by the \
+                 requester, which in userspace can itself be preempted or blocked while \
+                 holding it, unlike under a kernel spinlock); the rest is this machine's \
+                 noise ({baseline:.0} interruptions/s idle)"
+            ));
+        }
+    }
+    lines
+}
+
+/// Fenced mode against remote mode, whether or not queue mode ran, and the idle and polling
+/// owners' rows.
+fn fenced_against_remote(rows: &[Row]) -> Vec<String> {
+    let find = |scen: &str| rows.iter().find(|r| r.name == scen);
+    let mut lines = Vec::new();
+    for f in rows {
+        let Some(w) = f.name.strip_prefix("fenced-") else {
+            continue;
+        };
+        if let Some(w) = w.strip_prefix("idle-") {
+            lines.push(format!(
+                "{w}: with an idle owner (it spins, touching its lock once per {} us), per \
+                 drain the target answered {} of the requester's flags and was fenced for {}: \
+                 the fence's interrupt lands there (the trace's call_function_single, below); \
+                 drain p50 {}",
+                IDLE_OWNER.as_micros(),
+                two(f.answers_per_drain),
+                two(f.fences_per_drain),
+                f.drain_p50.map_or("n/a".into(), |v| format!("{v:.1} us")),
+            ));
+            continue;
+        }
+        if let Some(w) = w.strip_prefix("poll-") {
+            let remote = find(&format!("remote-{w}"));
+            lines.push(format!(
+                "{w}: the same idle owner polling its binding at every turn of its spin loop \
+                 (fenced-poll-{w}: Binding::poll, as an owner's poll loop answers requesters \
+                 between its operations): per drain the target answered {} of the \
+                 requester's flags and was fenced for {}; drain p50 {}, {} remote mode's",
+                two(f.answers_per_drain),
+                two(f.fences_per_drain),
+                f.drain_p50.map_or("n/a".into(), |v| format!("{v:.1} us")),
+                remote.map_or("n/a".into(), |r| ratio(f.drain_p50, r.drain_p50)),
+            ));
+            continue;
+        }
+        let Some(r) = find(&format!("remote-{w}")) else {
+            continue;
+        };
+        lines.push(format!(
+            "{w}: fenced/remote drain p50 {}, p99 {}; per drain the target answered {} of \
+             the requester's flags and was fenced for {} (a membarrier interrupt each, when \
+             a thread of ours ran there); owner's local op p50 {} vs {}; excess \
+             interruptions per drain {} vs {}; probe context switches per drain {} vs {}",
+            ratio(f.drain_p50, r.drain_p50),
+            ratio(f.drain_p99, r.drain_p99),
+            two(f.answers_per_drain),
+            two(f.fences_per_drain),
+            ns(f.local_op_ns),
+            ns(r.local_op_ns),
+            two(f.excess_per_drain),
+            two(r.excess_per_drain),
+            two(f.preemptions_per_drain),
+            two(r.preemptions_per_drain),
+        ));
+    }
+    lines
 }

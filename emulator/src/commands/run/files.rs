@@ -161,7 +161,7 @@ impl Ctx {
             load: Some(acc.load.clone()),
             stopped_by: acc.cut_short.then(crate::signals::stopped_by),
             interrupted: acc.cut_short,
-            warnings: self.warnings.list().to_vec(),
+            warnings: self.sink.warnings().to_vec(),
             trace: None,
         };
         let run = OslatRun {
@@ -229,7 +229,7 @@ impl Ctx {
             rows: self.rows(),
             files: self.files.clone(),
             notes: self.notes.clone(),
-            warnings: self.warnings.list().to_vec(),
+            warnings: self.sink.warnings().to_vec(),
             kernel: self.kernel.clone(),
             attribution: self.attributions(),
             target_nohz_full: self.nohz_full,

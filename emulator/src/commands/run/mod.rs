@@ -33,29 +33,28 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{anyhow, Result};
-use qpw_core::{CpuSet, Mode};
+use anyhow::Result;
 
 use crate::cli::RunArgs;
 use crate::clock::Calibration;
 use crate::cpus::Cpus;
 use crate::defaults::BUSY_OWNER;
 use crate::kernel::info::KernelInfo;
-use crate::rt::{self, Warnings};
-use crate::table;
-use crate::trace::tracefs;
+use crate::rt;
+use crate::sink::Sink;
 use crate::validate;
-use crate::workload::WorkloadName;
 
 mod acc;
 mod attribution;
 mod conclude;
 mod figures;
 mod files;
+mod plan;
 mod report;
 mod round;
 
 use acc::Acc;
+use plan::Plan;
 
 /// A drain that waits this long counts as a stall: well under RT throttling's 1 s period, in
 /// which a starved worker gets in after 0.95 s (see `--stall-threshold`).
@@ -106,274 +105,40 @@ pub fn default_args() -> RunArgs {
     }
 }
 
-/// Runs the experiment.
+/// Runs the experiment: its plan, the set-up it holds for the run, the rounds, the report.
 pub fn run(args: &RunArgs) -> Result<()> {
-    if args.isolate {
-        crate::isolate::check_root()?;
-    }
-    let cpus = Cpus::read()?;
-    let duration = validate::duration("--duration", &args.duration)?;
-    let rate_given = args
-        .drain_rate
-        .as_deref()
-        .map(|r| validate::float_in("--drain-rate", r, 1.0, 100_000.0))
-        .transpose()?;
-    let rate = rate_given.unwrap_or(1000.0);
-    let target = match &args.target {
-        Some(t) => validate::cpu("--target", t, &cpus.allowed)?,
-        None => cpus.target,
-    };
-    let rtprio = validate::opt_int_in("--rtprio", args.rtprio.as_deref(), 1, 99)?.map(|p| p as i32);
-    let every = validate::op_interval("--local-op-every", &args.local_op_every)?;
-    let modes: Vec<Mode> = match &args.modes {
-        Some(list) => {
-            let mut modes = Vec::new();
-            for m in list.split(',') {
-                let mode = crate::drain::parse_mode(m)
-                    .map_err(|_| anyhow!("--modes {list}: `{m}` is not queue, remote or fenced"))?;
-                if modes.contains(&mode) {
-                    return Err(anyhow!(
-                        "--modes {list}: `{}` is given twice; give each of queue, remote, \
-                         fenced once",
-                        m.trim()
-                    ));
-                }
-                modes.push(mode);
-            }
-            modes
-        }
-        None => vec![Mode::Queue, Mode::Remote, Mode::Fenced],
-    };
-    let mut notes = Vec::new();
-    let asked: Vec<WorkloadName> = match &args.workloads {
-        Some(list) => list
-            .split(',')
-            .map(|w| {
-                w.trim()
-                    .parse::<WorkloadName>()
-                    .map_err(|e| anyhow!("--workloads {list}: {e}"))
-            })
-            .collect::<Result<_>>()?,
-        None => WorkloadName::DEFAULT_EXPERIMENT.to_vec(),
-    };
-    for (i, w) in asked.iter().enumerate() {
-        if asked[..i].contains(w) {
-            return Err(anyhow!(
-                "--workloads {}: `{w}` is given twice; give each workload once",
-                args.workloads.as_deref().unwrap_or_default()
-            ));
-        }
-    }
-    // With root and tracefs: the kernel's own drains too, and every scenario traced.
-    let tracing = match tracefs::preflight().and_then(|()| tracefs::available()) {
-        Ok(()) => true,
-        Err(e) => {
-            notes.push(format!(
-                "no kernel rows and no attribution of the target's interruptions: {e:#}"
-            ));
-            false
-        }
-    };
-    // What each kernel workload's preflight left ready (kernel-pcp's held page), for the run.
-    let mut ready: BTreeMap<String, crate::kernel::Ready> = BTreeMap::new();
-    let asked: Vec<WorkloadName> = if args.workloads.is_none() && tracing {
-        let mut all = asked;
-        for k in crate::kernel::KernelDrain::ALL {
-            if k == crate::kernel::KernelDrain::Memcg
-                && args.isolate
-                && crate::isolate::makes_v2_partition()
-            {
-                notes.push(format!(
-                    "no {k} row: {}",
-                    crate::isolate::NO_MEMCG_UNDER_PARTITION
-                ));
-                continue;
-            }
-            match crate::kernel::preflight(k) {
-                Ok(r) => {
-                    ready.insert(k.name().to_string(), r);
-                    all.push(WorkloadName::Kernel(k));
-                }
-                Err(e) => notes.push(format!("no {k} row: {e:#}")),
-            }
-        }
-        all
-    } else {
-        for k in asked.iter().filter_map(|w| w.kernel()) {
-            ready.insert(k.name().to_string(), crate::kernel::preflight(k)?);
-        }
-        asked
-    };
-    let mut workloads = Vec::new();
-    for w in asked {
-        if !workloads.contains(&w) {
-            workloads.push(w);
-        }
-    }
-    let target_set = CpuSet::from_iter([target]);
-    let housekeeping = cpus.housekeeping(&target_set).ok_or_else(|| {
-        anyhow!(
-            "the default experiment needs two CPUs (a target and a housekeeping CPU); only {} \
-             is allowed",
-            cpus.allowed
-        )
-    })?;
-    let out = match &args.out {
-        Some(dir) => dir.clone(),
-        None => PathBuf::from("results").join(rt::local_time("%Y%m%d-%H%M%S")),
-    };
-    validate::output_dir("--out", &out)?;
+    // What to measure, where, for how long, with what load.
+    let mut plan = Plan::new(args)?;
 
-    let quiet = args.quiet;
+    // The set-up, held until the report: real-time, away from the target, Ctrl-C.
+    let mut sink = Sink::new(args.quiet);
     let start_time = rt::rt_timestamp();
-    let mut warnings = Warnings::default();
-    let _rt = rt::prepare(true, &mut warnings, quiet);
+    let _rt = rt::prepare(true, &mut sink);
     // The main thread, and every thread it starts until that thread pins itself, stays off
     // the target: on a machine without isolcpus a new thread may otherwise run its first
     // instructions there (seen in the trace as one run of `qpw-emu`, `qpw/0`, the requester).
-    let _away = rt::AwayFrom::cpus(&target_set);
-    if !args.isolate {
-        rt::check_isolation(&target_set, &mut warnings, quiet);
+    let _away = rt::AwayFrom::cpus(&plan.target_set);
+    if !plan.isolate {
+        rt::check_isolation(&plan.target_set, &mut sink);
     }
-    if rtprio.is_none() {
-        notes.push(
+    if plan.rtprio.is_none() {
+        plan.notes.push(
             "the probe runs SCHED_OTHER (no -f): the queue-mode worker preempts it (interruptions) \
              instead of starving behind it (stalls)"
                 .to_string(),
         );
     }
-    rt::catch_sigint(&mut warnings, quiet);
+    rt::catch_sigint(&mut sink);
     let calibration = Calibration::measure();
     let rounds = validate::int_in("--rounds", &args.rounds, 1, 100)? as u32;
-    let emulated = workloads.iter().filter(|w| w.kernel().is_none()).count();
-    let n_scen = 1
-        + usize::from(args.isolate)
-        + (workloads.len() - emulated)
-        + emulated * modes.len()
-        + usize::from(emulated > 0 && modes.contains(&Mode::Fenced));
-    let chunk = duration / rounds;
-    if !quiet {
-        eprintln!(
-            "qpw-emu: target cpu {target}, requester on cpu {housekeeping}, load on {}; {n_scen} \
-             scenarios of {:.1} s, interleaved in {rounds} rounds (about {:.0} s); results in {}",
-            cpus.allowed.difference(&target_set),
-            duration.as_secs_f64(),
-            n_scen as f64 * (duration.as_secs_f64() + 0.3 * f64::from(rounds)),
-            out.display()
-        );
-    }
+    plan.announce(rounds, &sink);
 
-    // The scenarios: the idle baseline, then each workload in each mode.
-    let base_workload = workloads.first().copied().unwrap_or(WorkloadName::Lru);
-    let base_workload = if base_workload.kernel().is_some() {
-        WorkloadName::Lru
-    } else {
-        base_workload
-    };
-    // The idle baselines in remote mode: the same lock on the probe's path as queue mode's,
-    // and no worker thread of the target's that could run there.
-    let mut scenarios = vec![Acc::new("idle", Mode::Remote, base_workload, 0.0)];
-    if args.isolate {
-        scenarios.push(Acc::new(UNISOLATED, Mode::Remote, base_workload, 0.0));
-    }
-    for &w in &workloads {
-        if let Some(k) = w.kernel() {
-            // The kernel decides its own mode (mode 1, remote, for drain_all_pages since 6.0);
-            // its drains go at a rate that suits their cost.
-            let rate = rate_given.unwrap_or_else(|| k.default_rate_hz());
-            let mode = if k.is_remote() {
-                Mode::Remote
-            } else {
-                Mode::Queue
-            };
-            scenarios.push(Acc::new(w.name(), mode, w, rate));
-            continue;
-        }
-        for &mode in &modes {
-            scenarios.push(Acc::new(&format!("{mode}-{w}"), mode, w, rate));
-        }
-        // The fenced owner that hardly touches its lock, once (for the first workload): its
-        // CPU does not answer, so each flag costs a fence; and the same owner polling.
-        if modes.contains(&Mode::Fenced) && !scenarios.iter().any(|a| a.every.is_some()) {
-            let mut idle = Acc::new(&format!("fenced-idle-{w}"), Mode::Fenced, w, rate);
-            idle.every = Some(IDLE_OWNER);
-            scenarios.push(idle);
-            // The same owner as a poll loop would be (issue 34): between its rare operations
-            // it polls its binding, and answers the requester's flags from there.
-            let mut polling = Acc::new(&format!("fenced-poll-{w}"), Mode::Fenced, w, rate);
-            polling.every = Some(IDLE_OWNER);
-            polling.polls = true;
-            scenarios.push(polling);
-        }
-    }
-    let mut ctx = Ctx {
-        out,
-        start_time,
-        target,
-        housekeeping,
-        duration,
-        chunk,
-        rounds,
-        every,
-        rtprio,
-        calibration,
-        quiet,
-        cpus,
-        total_chunks: scenarios.len() as u32 * rounds,
-        done: 0,
-        scenarios,
-        files: Vec::new(),
-        notes,
-        warnings,
-        tracing,
-        kernel: KernelInfo::read(),
-        interrupted: false,
-        isolate: args.isolate,
-        isolation: None,
-        isolation_report: None,
-        nohz_full: crate::tick::is_nohz_full(target),
-        ready,
-    };
+    // The rounds, each scenario once in each, its results written after it.
+    let mut ctx = Ctx::new(plan, sink, start_time, calibration, rounds);
+    ctx.measure()?;
 
-    // Every round runs every scenario once, so that slow drifts in the machine's noise fall on
-    // all of them alike.
-    'rounds: for round in 0..rounds {
-        for i in 0..ctx.scenarios.len() {
-            if rt::interrupted() {
-                ctx.note_interruption(round, i);
-                break 'rounds;
-            }
-            ctx.isolate_for(i)?;
-            ctx.run_round(i, round)?;
-            ctx.write_all()?;
-        }
-    }
-    // Put back what --isolate changed before the report, so that nothing waits on the reader,
-    // and give kernel-pcp's held page back.
-    ctx.isolation = None;
-    ctx.ready.clear();
-    ctx.conclude();
-    ctx.write_all()?;
-    let rows = ctx.rows();
-    print!(
-        "{}",
-        table::table(&rows, Some(ctx.target), ctx.threshold().map(|t| t.0))
-    );
-    ctx.print_attribution();
-    ctx.print_tick();
-    println!();
-    for n in &ctx.notes {
-        println!("note: {n}");
-    }
-    for w in ctx.warnings.list() {
-        println!("warning: {w}");
-    }
-    println!("\nResults: {}", ctx.out.display());
-    println!("  {}", ctx.out.join("summary.json").display());
-    for f in &ctx.files {
-        println!("  {f}");
-    }
-    Ok(())
+    // The report: the isolation put back first, then the conclusions, the files, the table.
+    ctx.finish()
 }
 
 struct Ctx {
@@ -387,7 +152,6 @@ struct Ctx {
     every: Duration,
     rtprio: Option<i32>,
     calibration: Calibration,
-    quiet: bool,
     cpus: Cpus,
     scenarios: Vec<Acc>,
     /// Scenario rounds done, and to do in all (for the progress line).
@@ -395,7 +159,8 @@ struct Ctx {
     total_chunks: u32,
     files: Vec<String>,
     notes: Vec<String>,
-    warnings: Warnings,
+    /// What the run says, and the warnings it gathered.
+    sink: Sink,
     /// Whether every scenario is traced.
     tracing: bool,
     kernel: KernelInfo,
@@ -412,4 +177,44 @@ struct Ctx {
     /// What each kernel workload's preflight left ready (kernel-pcp's held page, given back
     /// when the run ends, whichever way).
     ready: BTreeMap<String, crate::kernel::Ready>,
+}
+
+impl Ctx {
+    /// The run of `plan`'s scenarios, in `rounds` rounds, nothing measured yet.
+    fn new(
+        plan: Plan,
+        sink: Sink,
+        start_time: String,
+        calibration: Calibration,
+        rounds: u32,
+    ) -> Self {
+        let scenarios = plan.scenarios();
+        Ctx {
+            start_time,
+            target: plan.target,
+            housekeeping: plan.housekeeping,
+            duration: plan.duration,
+            chunk: plan.duration / rounds,
+            rounds,
+            every: plan.every,
+            rtprio: plan.rtprio,
+            calibration,
+            total_chunks: scenarios.len() as u32 * rounds,
+            done: 0,
+            scenarios,
+            files: Vec::new(),
+            sink,
+            tracing: plan.tracing,
+            kernel: KernelInfo::read(),
+            interrupted: false,
+            isolate: plan.isolate,
+            isolation: None,
+            isolation_report: None,
+            nohz_full: crate::tick::is_nohz_full(plan.target),
+            out: plan.out,
+            notes: plan.notes,
+            ready: plan.ready,
+            cpus: plan.cpus,
+        }
+    }
 }

@@ -1,10 +1,43 @@
 //! The report on standard output: the table, the tick on the target, the notes and warnings.
 
-use crate::table::Row;
+use anyhow::Result;
+
+use crate::table::{self, Row};
 
 use super::Ctx;
 
 impl Ctx {
+    /// Ends the run and reports it: what `--isolate` changed is put back (and kernel-pcp's
+    /// held page given back) before anything waits on the reader, then the conclusions, the
+    /// files, and on standard output the table, the attribution, the tick, the notes and the
+    /// warnings, and where the files are.
+    pub(super) fn finish(mut self) -> Result<()> {
+        self.isolation = None;
+        self.ready.clear();
+        self.conclude();
+        self.write_all()?;
+        let rows = self.rows();
+        print!(
+            "{}",
+            table::table(&rows, Some(self.target), self.threshold().map(|t| t.0))
+        );
+        self.print_attribution();
+        self.print_tick();
+        println!();
+        for n in &self.notes {
+            println!("note: {n}");
+        }
+        for w in self.sink.warnings() {
+            println!("warning: {w}");
+        }
+        println!("\nResults: {}", self.out.display());
+        println!("  {}", self.out.join("summary.json").display());
+        for f in &self.files {
+            println!("  {f}");
+        }
+        Ok(())
+    }
+
     pub(super) fn rows(&self) -> Vec<Row> {
         self.scenarios
             .iter()

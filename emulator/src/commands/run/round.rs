@@ -9,6 +9,7 @@ use qpw_core::CpuSet;
 use crate::drain::note_outcome;
 use crate::load::Phase;
 use crate::oslat::{self, OslatConfig, OslatRun};
+use crate::rt;
 use crate::scenario::{self, DrainSpec};
 use crate::trace::Session;
 
@@ -19,6 +20,23 @@ use super::{Ctx, GAP_BUCKETS, GAP_WIDTH_NS, STALL_THRESHOLD, UNISOLATED};
 const GAP_LOG_NS: u64 = 1000;
 
 impl Ctx {
+    /// The rounds: every round runs every scenario once, so that slow drifts in the machine's
+    /// noise fall on all of them alike; the results are written after each scenario round.
+    pub(super) fn measure(&mut self) -> Result<()> {
+        'rounds: for round in 0..self.rounds {
+            for i in 0..self.scenarios.len() {
+                if rt::interrupted() {
+                    self.note_interruption(round, i);
+                    break 'rounds;
+                }
+                self.isolate_for(i)?;
+                self.run_round(i, round)?;
+                self.write_all()?;
+            }
+        }
+        Ok(())
+    }
+
     /// With `--isolate`: the target isolated for scenario `i`, unless it is the unisolated
     /// baseline, for which the isolation is put back first.
     pub(super) fn isolate_for(&mut self, i: usize) -> Result<()> {
@@ -34,7 +52,7 @@ impl Ctx {
             let housekeeping = self.cpus.allowed.difference(&target);
             let iso = crate::isolate::Isolation::apply(&target, &housekeeping)?;
             if self.isolation_report.is_none() {
-                iso.report.say(self.quiet);
+                iso.report.say(&self.sink);
                 self.isolation_report = Some(iso.report.clone());
             }
             self.isolation = Some(iso);
@@ -69,10 +87,8 @@ impl Ctx {
             match Session::start(&target_set, Some(self.housekeeping)) {
                 Ok(s) => Some(s),
                 Err(e) => {
-                    self.warnings.push(
-                        self.quiet,
-                        format!("tracing stopped: cannot start the trace ({e:#})"),
-                    );
+                    self.sink
+                        .warn(format!("tracing stopped: cannot start the trace ({e:#})"));
                     self.tracing = false;
                     None
                 }
@@ -95,7 +111,7 @@ impl Ctx {
             trace_threshold_ns: None,
             local_op: setup.local_op(),
             announce_start: false,
-            quiet: self.quiet,
+            quiet: self.sink.is_quiet(),
             label: format!("{} ({}/{})", acc.name, round + 1, self.rounds),
             progress_span: Some((self.chunk * self.done, self.chunk * self.total_chunks)),
             gap_log_ns: session.as_ref().map(|_| GAP_LOG_NS),
@@ -113,9 +129,8 @@ impl Ctx {
         );
         let outcome = setup.finish(Some(self.target))?;
         let run: OslatRun = run?;
-        let quiet = self.quiet;
-        self.warnings.extend(quiet, run.warnings.clone());
-        note_outcome(&outcome, &mut self.warnings, quiet);
+        self.sink.warn_all(run.warnings.clone());
+        note_outcome(&outcome, &mut self.sink);
         let Some(thread) = run.threads.first() else {
             return Err(anyhow!("the probe measured nothing"));
         };
