@@ -35,6 +35,16 @@ pub fn threshold_us(raw: &str) -> Result<f64> {
     validate::float_in("--trace", raw, 0.1, 1_000_000.0)
 }
 
+/// A probe's `--trace` threshold, validated, and tracefs checked when it is given, before
+/// anything starts.
+pub fn threshold_checked(raw: Option<&str>) -> Result<Option<f64>> {
+    let us = raw.map(threshold_us).transpose()?;
+    if us.is_some() {
+        crate::trace::tracefs::preflight()?;
+    }
+    Ok(us)
+}
+
 /// Starts the trace for a probe on `measured`, its reader on a housekeeping CPU; says what it
 /// does unless the sink is quiet.
 pub fn start_for_probe(measured: &CpuSet, cpus: &Cpus, sink: &Sink) -> Result<Session> {

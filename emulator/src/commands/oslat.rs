@@ -111,14 +111,7 @@ impl Plan {
         if let Some(path) = &args.json {
             validate::output_file("--json", path)?;
         }
-        let trace_us = args
-            .trace
-            .as_deref()
-            .map(crate::probe_trace::threshold_us)
-            .transpose()?;
-        if trace_us.is_some() {
-            crate::trace::tracefs::preflight()?;
-        }
+        let trace_us = crate::probe_trace::threshold_checked(args.trace.as_deref())?;
         let rtprio = args.rtprio.map(|p| p as i32);
         let duration = args.duration;
         let mem = args.workload_mem.unwrap_or(WORKLOAD_MEM);

@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::cli::ResctrlArgs;
 use crate::json::{self, Envelope};
 use crate::rt;
+use crate::sink::Sink;
 use crate::validate;
 
 fn us(d: Duration) -> f64 {
@@ -184,13 +185,12 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
         crate::validate::output_file("--json", path)?;
     }
     let start_time = rt::rt_timestamp();
-    if !args.quiet {
-        eprintln!(
-            "qpw-emu resctrl: {} passes per read path, {} busy threads per loaded CPU, from \
+    let sink = Sink::new(args.quiet);
+    sink.say(format_args!(
+        "qpw-emu resctrl: {} passes per read path, {} busy threads per loaded CPU, from \
              qpw_workloads::resctrl::measure_read_paths",
-            config.passes, config.load.threads_per_cpu
-        );
-    }
+        config.passes, config.load.threads_per_cpu
+    ));
     let figures = resctrl::measure_read_paths(&config).context("resctrl figures")?;
     let j = resctrl_json(&figures);
     print!("{}", text(&j));

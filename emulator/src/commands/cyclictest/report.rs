@@ -3,6 +3,7 @@
 //! break; then our own figures on stderr.
 
 use std::io::Write;
+use std::path::Path;
 
 use anyhow::{Context, Result};
 
@@ -27,20 +28,18 @@ pub(super) fn report(
     start_time: String,
     sink: &Sink,
 ) -> Result<()> {
+    // cyclictest writes its JSON before the final lines.
+    if let Some(path) = &args.json {
+        write_json(path, plan, args, held, &measured, start_time, sink)?;
+    }
     let Plan {
-        priority,
         histogram,
         ref specs,
         ref spec,
-        duration,
         breaktrace,
         ..
     } = *plan;
-    let SetUp {
-        throttling,
-        isolation,
-        ..
-    } = held;
+    let throttling = &held.throttling;
     let Measured {
         cfg,
         run,
@@ -48,34 +47,6 @@ pub(super) fn report(
         traced,
         ..
     } = measured;
-    // cyclictest writes its JSON before the final lines.
-    if let Some(path) = &args.json {
-        let settings = Settings {
-            bucket_width_ns: cfg.unit_ns(),
-            bucket_size: run.threads.first().map_or(0, |t| t.hist.buckets()),
-            duration_s: duration.map_or(0.0, |d| d.as_secs_f64()),
-            rtprio: (priority > 0).then_some(priority),
-            local_op_every_us: None,
-            interval_us: Some(args.interval),
-        };
-        let mut fields = qpw_fields(
-            "cyclictest",
-            spec.as_ref(),
-            &load,
-            run.figures(),
-            settings,
-            sink,
-            run.interrupted,
-        );
-        if let (None, Some((tid, v))) = (&fields.stopped_by, run.break_hit) {
-            fields.stopped_by = Some(format!("breaktrace: thread {tid} saw {v}"));
-        }
-        fields.trace = traced.clone();
-        fields.rt_throttling = spec.is_some().then_some(throttling.clone());
-        fields.isolation = isolation.as_ref().map(|i| i.report.clone());
-        let doc = cyclictest_json(&run, &cfg, start_time, fields);
-        json::write(path, &doc)?;
-    }
     if sink.is_quiet() && histogram.is_none() {
         for (i, t) in run.threads.iter().enumerate() {
             println!("{}", final_line(i, t, &specs[i], args.nsecs));
@@ -134,6 +105,57 @@ pub(super) fn report(
         eprintln!("# qpw-emu: {}", crate::signals::stopped_by());
     }
     crate::out::check_stdout(std::io::stdout().flush());
+    Ok(())
+}
+
+/// The rt-tests JSON of the run, with our fields, to `path`.
+fn write_json(
+    path: &Path,
+    plan: &Plan,
+    args: &CyclictestArgs,
+    held: &SetUp,
+    measured: &Measured,
+    start_time: String,
+    sink: &Sink,
+) -> Result<()> {
+    let Plan {
+        priority,
+        ref spec,
+        duration,
+        ..
+    } = *plan;
+    let Measured {
+        cfg,
+        run,
+        load,
+        traced,
+        ..
+    } = measured;
+    let settings = Settings {
+        bucket_width_ns: cfg.unit_ns(),
+        bucket_size: run.threads.first().map_or(0, |t| t.hist.buckets()),
+        duration_s: duration.map_or(0.0, |d| d.as_secs_f64()),
+        rtprio: (priority > 0).then_some(priority),
+        local_op_every_us: None,
+        interval_us: Some(args.interval),
+    };
+    let mut fields = qpw_fields(
+        "cyclictest",
+        spec.as_ref(),
+        load,
+        run.figures(),
+        settings,
+        sink,
+        run.interrupted,
+    );
+    if let (None, Some((tid, v))) = (&fields.stopped_by, run.break_hit) {
+        fields.stopped_by = Some(format!("breaktrace: thread {tid} saw {v}"));
+    }
+    fields.trace = traced.clone();
+    fields.rt_throttling = spec.is_some().then_some(held.throttling.clone());
+    fields.isolation = held.isolation.as_ref().map(|i| i.report.clone());
+    let doc = cyclictest_json(run, cfg, start_time, fields);
+    json::write(path, &doc)?;
     Ok(())
 }
 
