@@ -138,6 +138,9 @@ impl Drop for PosixTimer {
     }
 }
 
+/// One measuring thread, as cyclictest's `timerthread()`: pinned, at its policy, it meets the
+/// others at the start, then sleeps to each deadline and counts how late it woke, catching up
+/// after an overrun, until the run ends.
 pub(super) fn thread_main(
     index: usize,
     spec: &ThreadSpec,
@@ -145,60 +148,11 @@ pub(super) fn thread_main(
     ctl: &Control,
     live: &Live,
 ) -> Result<CyclicThread> {
+    // Pin, take the policy and priority, say our tid.
     let who = format!("cyclictest thread {index}");
-    let _binding = crate::rt::enter_probe_cpu(
-        cfg.local_op.as_ref().map(|op| &*op.qpw),
-        spec.cpu,
-        None,
-        &who,
-        &ctl.warnings,
-    )?;
-    if let Err(e) = set_policy(spec.policy, spec.prio) {
-        let how = if e.kind() == std::io::ErrorKind::PermissionDenied {
-            format!(" ({})", crate::rt::rt_priority_hint(spec.prio))
-        } else {
-            String::new()
-        };
-        ctl.warnings
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(format!(
-                "{who} on cpu {} runs SCHED_OTHER, not {} at priority {}: {e}{how}",
-                spec.cpu,
-                spec.policy.name(),
-                spec.prio
-            ));
-    }
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() };
-    live.tid.store(tid, Ordering::Relaxed);
+    let (_binding, tid) = enter(&who, spec, cfg, ctl, live)?;
     let unit = cfg.unit_ns();
-    // Our histogram: cyclictest's when -h was given (its overflows are ours), else one wide
-    // enough for the percentiles we add (past it, exact values up to a limit).
-    let buckets = cfg
-        .histogram
-        .unwrap_or(if cfg.nsecs { 100_000 } else { 10_000 });
-    let mut t = CyclicThread {
-        cpu: spec.cpu,
-        tid,
-        hist: Histogram::whole_units(buckets, unit),
-        cycles: 0,
-        sum: 0,
-        min: 1_000_000,
-        max: 0,
-        act: 0,
-        overruns: 0,
-        outliers: Vec::with_capacity(cfg.histogram.unwrap_or(0).min(1 << 20)),
-        local_ops: 0,
-        local_op_errors: 0,
-        late: Vec::new(),
-        late_not_kept: 0,
-    };
-    if cfg.late_log.is_some() {
-        t.late
-            .try_reserve_exact(crate::oslat::GAP_LOG_CAPACITY)
-            .map_err(|e| anyhow::anyhow!("cannot set aside the late wake-up log: {e}"))?;
-    }
+    let mut t = CyclicThread::new(spec, cfg, tid)?;
     let interval = spec.interval.as_nanos() as u64;
     let op_every = cfg.local_op.as_ref().map(|op| {
         let per = op.every.as_nanos() as u64 / interval.max(1);
@@ -209,20 +163,7 @@ pub(super) fn thread_main(
         std::thread::sleep(Duration::from_millis(1));
     }
 
-    // The first deadline.
-    let mut now = clock_ns(cfg.clock);
-    match cfg.align {
-        Align::None => {}
-        Align::Threads(offset) => {
-            now = ctl.start_ns.load(Ordering::SeqCst) + offset.as_nanos() as u64 * index as u64;
-        }
-        Align::Second(offset) => {
-            let start = ctl.start_ns.load(Ordering::SeqCst);
-            let (secs, frac) = (start / 1_000_000_000, start % 1_000_000_000);
-            let skip = if frac > 900_000_000 { 2 } else { 1 };
-            now = (secs + skip) * 1_000_000_000 + offset.as_nanos() as u64;
-        }
-    }
+    let now = first_deadline(cfg, ctl, index);
     let mut next = now + interval;
     let stop_at = cfg.duration.map(|d| now + d.as_nanos() as u64);
     if let Some(end) = stop_at {
@@ -237,24 +178,9 @@ pub(super) fn thread_main(
     };
     while !ctl.stop.load(Ordering::Relaxed) {
         // Wait for the next period.
-        let mut missed = 0;
-        match cfg.sleep {
-            SleepMode::Absolute => {
-                if !sleep_until_unless(cfg.clock, next, &ctl.stop) {
-                    break;
-                }
-            }
-            SleepMode::Relative | SleepMode::Nanosleep => {
-                let before = clock_ns(cfg.clock);
-                sleep_for_ns(cfg.clock, interval, cfg.sleep == SleepMode::Nanosleep);
-                next = before + interval;
-            }
-            SleepMode::PosixTimer => {
-                if let Some(timer) = &timer {
-                    missed = timer.wait();
-                }
-            }
-        }
+        let Some(missed) = sleep_to_next(cfg, &mut next, interval, timer.as_ref(), ctl) else {
+            break;
+        };
         let now = clock_ns(cfg.clock);
         // Woken before the deadline because the run ends: no sample, as cyclictest's thread
         // leaves its loop when its sleep is interrupted.
@@ -263,54 +189,8 @@ pub(super) fn thread_main(
         }
         // calcdiff(): whole microseconds, truncated (or nanoseconds with -N).
         let diff = now.saturating_sub(next) / unit;
-        if let Some((from_ns, cal)) = cfg.late_log {
-            let late_ns = now.saturating_sub(next);
-            if late_ns >= from_ns {
-                // The same span on the probe counter (the trace's clock): deadline to now.
-                let woke = crate::clock::ticks();
-                if t.late.len() < crate::oslat::GAP_LOG_CAPACITY {
-                    t.late
-                        .push((woke.saturating_sub(cal.from_ns(late_ns)), woke));
-                } else {
-                    t.late_not_kept += 1;
-                }
-            }
-        }
-        t.cycles += 1;
-        t.sum += diff;
-        t.act = diff;
-        t.min = t.min.min(diff);
-        if diff > t.max {
-            t.max = diff;
-            live.max.store(diff, Ordering::Relaxed);
-        }
-        live.min.store(t.min, Ordering::Relaxed);
-        live.act.store(diff, Ordering::Relaxed);
-        live.sum.store(t.sum, Ordering::Relaxed);
-        if let Some(slot) = live.values.get((t.cycles - 1) as usize & (VALBUF - 1)) {
-            slot.store(diff, Ordering::Relaxed);
-        }
-        if let Some((trigger, nodes)) = cfg.spike {
-            if diff > trigger {
-                spike(ctl, nodes, index, diff, now / 1000);
-            }
-        }
-        if stop_at.is_some_and(|s| now >= s) {
-            ctl.stop.store(true, Ordering::SeqCst);
-        }
-        if cfg.breaktrace.is_some_and(|b| diff > b) {
-            let mut hit = ctl.break_hit.lock().unwrap_or_else(|e| e.into_inner());
-            hit.get_or_insert((tid, diff));
-            ctl.stop.store(true, Ordering::SeqCst);
-        }
-        // The histogram: past its last bucket an overflow, listed by cycle number.
-        if let Some(h) = cfg.histogram {
-            if diff >= h as u64 && t.outliers.len() < h {
-                t.outliers.push(t.cycles - 1);
-            }
-        }
-        t.hist.record(diff * unit);
-        live.cycles.store(t.cycles, Ordering::Release);
+        let wake = Wake { now, next, diff };
+        record(&mut t, &wake, cfg, ctl, live, index, stop_at);
         if let (Some(op), Some(every)) = (&cfg.local_op, op_every) {
             if t.cycles.is_multiple_of(every) {
                 match op.workload.process_op() {
@@ -334,6 +214,201 @@ pub(super) fn thread_main(
         }
     }
     Ok(t)
+}
+
+/// Pins the thread (registering it with the workload's instance), sets its policy and
+/// priority (a warning when refused), and publishes its tid; returns the binding, held for the
+/// thread's life, and the tid.
+fn enter(
+    who: &str,
+    spec: &ThreadSpec,
+    cfg: &CyclicConfig,
+    ctl: &Control,
+    live: &Live,
+) -> Result<(Option<qpw_core::Binding>, i32)> {
+    let binding = crate::rt::enter_probe_cpu(
+        cfg.local_op.as_ref().map(|op| &*op.qpw),
+        spec.cpu,
+        None,
+        who,
+        &ctl.warnings,
+    )?;
+    if let Err(e) = set_policy(spec.policy, spec.prio) {
+        let how = if e.kind() == std::io::ErrorKind::PermissionDenied {
+            format!(" ({})", crate::rt::rt_priority_hint(spec.prio))
+        } else {
+            String::new()
+        };
+        ctl.warnings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(format!(
+                "{who} on cpu {} runs SCHED_OTHER, not {} at priority {}: {e}{how}",
+                spec.cpu,
+                spec.policy.name(),
+                spec.prio
+            ));
+    }
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() };
+    live.tid.store(tid, Ordering::Relaxed);
+    Ok((binding, tid))
+}
+
+impl CyclicThread {
+    /// A thread's figures before its first wake-up.
+    fn new(spec: &ThreadSpec, cfg: &CyclicConfig, tid: i32) -> Result<Self> {
+        let unit = cfg.unit_ns();
+        // Our histogram: cyclictest's when -h was given (its overflows are ours), else one wide
+        // enough for the percentiles we add (past it, exact values up to a limit).
+        let buckets = cfg
+            .histogram
+            .unwrap_or(if cfg.nsecs { 100_000 } else { 10_000 });
+        let mut t = CyclicThread {
+            cpu: spec.cpu,
+            tid,
+            hist: Histogram::whole_units(buckets, unit),
+            cycles: 0,
+            sum: 0,
+            min: 1_000_000,
+            max: 0,
+            act: 0,
+            overruns: 0,
+            outliers: Vec::with_capacity(cfg.histogram.unwrap_or(0).min(1 << 20)),
+            local_ops: 0,
+            local_op_errors: 0,
+            late: Vec::new(),
+            late_not_kept: 0,
+        };
+        if cfg.late_log.is_some() {
+            t.late
+                .try_reserve_exact(crate::oslat::GAP_LOG_CAPACITY)
+                .map_err(|e| anyhow::anyhow!("cannot set aside the late wake-up log: {e}"))?;
+        }
+        Ok(t)
+    }
+}
+
+/// The first deadline's base: now, or the threads' common start (`-A`: each offset by its
+/// index), or the next whole second (`--secaligned`).
+fn first_deadline(cfg: &CyclicConfig, ctl: &Control, index: usize) -> u64 {
+    let mut now = clock_ns(cfg.clock);
+    match cfg.align {
+        Align::None => {}
+        Align::Threads(offset) => {
+            now = ctl.start_ns.load(Ordering::SeqCst) + offset.as_nanos() as u64 * index as u64;
+        }
+        Align::Second(offset) => {
+            let start = ctl.start_ns.load(Ordering::SeqCst);
+            let (secs, frac) = (start / 1_000_000_000, start % 1_000_000_000);
+            let skip = if frac > 900_000_000 { 2 } else { 1 };
+            now = (secs + skip) * 1_000_000_000 + offset.as_nanos() as u64;
+        }
+    }
+    now
+}
+
+/// Sleeps until the next period as `-s`, `-r`, `--posix_timers` or the default absolute
+/// sleep asks; returns the timer's missed periods, or `None` when the run ends during the
+/// sleep.
+#[inline]
+fn sleep_to_next(
+    cfg: &CyclicConfig,
+    next: &mut u64,
+    interval: u64,
+    timer: Option<&PosixTimer>,
+    ctl: &Control,
+) -> Option<u64> {
+    let mut missed = 0;
+    match cfg.sleep {
+        SleepMode::Absolute => {
+            if !sleep_until_unless(cfg.clock, *next, &ctl.stop) {
+                return None;
+            }
+        }
+        SleepMode::Relative | SleepMode::Nanosleep => {
+            let before = clock_ns(cfg.clock);
+            sleep_for_ns(cfg.clock, interval, cfg.sleep == SleepMode::Nanosleep);
+            *next = before + interval;
+        }
+        SleepMode::PosixTimer => {
+            if let Some(timer) = timer {
+                missed = timer.wait();
+            }
+        }
+    }
+    Some(missed)
+}
+
+/// One wake-up: when it came, its deadline, and the latency in units.
+struct Wake {
+    now: u64,
+    next: u64,
+    diff: u64,
+}
+
+/// Counts one wake-up in the thread's figures, the live figures the main thread reads, the
+/// late wake-up log, `--spike`'s list, and `-D` and `-b`'s stops.
+#[inline]
+fn record(
+    t: &mut CyclicThread,
+    wake: &Wake,
+    cfg: &CyclicConfig,
+    ctl: &Control,
+    live: &Live,
+    index: usize,
+    stop_at: Option<u64>,
+) {
+    let Wake { now, next, diff } = *wake;
+    let unit = cfg.unit_ns();
+    if let Some((from_ns, cal)) = cfg.late_log {
+        let late_ns = now.saturating_sub(next);
+        if late_ns >= from_ns {
+            // The same span on the probe counter (the trace's clock): deadline to now.
+            let woke = crate::clock::ticks();
+            if t.late.len() < crate::oslat::GAP_LOG_CAPACITY {
+                t.late
+                    .push((woke.saturating_sub(cal.from_ns(late_ns)), woke));
+            } else {
+                t.late_not_kept += 1;
+            }
+        }
+    }
+    t.cycles += 1;
+    t.sum += diff;
+    t.act = diff;
+    t.min = t.min.min(diff);
+    if diff > t.max {
+        t.max = diff;
+        live.max.store(diff, Ordering::Relaxed);
+    }
+    live.min.store(t.min, Ordering::Relaxed);
+    live.act.store(diff, Ordering::Relaxed);
+    live.sum.store(t.sum, Ordering::Relaxed);
+    if let Some(slot) = live.values.get((t.cycles - 1) as usize & (VALBUF - 1)) {
+        slot.store(diff, Ordering::Relaxed);
+    }
+    if let Some((trigger, nodes)) = cfg.spike {
+        if diff > trigger {
+            spike(ctl, nodes, index, diff, now / 1000);
+        }
+    }
+    if stop_at.is_some_and(|s| now >= s) {
+        ctl.stop.store(true, Ordering::SeqCst);
+    }
+    if cfg.breaktrace.is_some_and(|b| diff > b) {
+        let mut hit = ctl.break_hit.lock().unwrap_or_else(|e| e.into_inner());
+        hit.get_or_insert((t.tid, diff));
+        ctl.stop.store(true, Ordering::SeqCst);
+    }
+    // The histogram: past its last bucket an overflow, listed by cycle number.
+    if let Some(h) = cfg.histogram {
+        if diff >= h as u64 && t.outliers.len() < h {
+            t.outliers.push(t.cycles - 1);
+        }
+    }
+    t.hist.record(diff * unit);
+    live.cycles.store(t.cycles, Ordering::Release);
 }
 
 #[cold]
