@@ -31,10 +31,11 @@ const NAMED: [(&str, &str); 5] = [
 /// comes within the limit (so that it leaves the list). Empty when the issue is done.
 const NOT_YET: &[(&str, usize)] = &[
     // oslat's measuring thread: pin, priority, start barrier, the busy loop of back-to-back
-    // TSC reads, end barrier, as oslat's own thread reads (STYLE.md rule 15). Its loop keeps
-    // its state in locals on purpose, with no call between two readings but the workload's;
-    // the set-up before the loop and the figures after it are what can still move out.
-    ("oslat.rs thread_main", 178),
+    // TSC reads, end barrier, as oslat's own thread reads (STYLE.md rule 15). The barriers,
+    // the pre-heat, the bias and the local operation are their own functions; the loop (about
+    // 55 lines) keeps its state in locals on purpose, with no call between two readings but
+    // the workload's, and moving it out with its dozen variables is what remains.
+    ("oslat.rs thread_main", 139),
 ];
 
 /// Files still over [`FILE_LINES`], as [`NOT_YET`]: `(path below src/, lines)`.
