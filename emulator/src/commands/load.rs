@@ -41,7 +41,7 @@ pub fn load_cmd(args: &LoadArgs) -> Result<()> {
     announce(&spec, &free, duration, &sink);
     let _away = rt::AwayFrom::cpus(&free);
     setup.phase.go();
-    let start = crate::progress::wait_for("load", duration, sink.is_quiet());
+    let start = crate::progress::wait_for("load", duration, &sink);
     let qpw_desc = setup.describe();
     let outcome = setup.finish(free.first())?;
     note_outcome(&outcome, &mut sink);

@@ -81,7 +81,7 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
             }
         );
     }
-    let start = crate::progress::wait_for("trace", duration, sink.is_quiet());
+    let start = crate::progress::wait_for("trace", duration, &sink);
     let seconds = start.elapsed().as_secs_f64();
     let traced = session.finish()?;
     let conv = ticks_to_us(&traced.clock, cal);
