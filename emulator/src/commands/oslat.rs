@@ -14,21 +14,19 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use qpw_core::CpuSet;
 
 use crate::cli::{DrainArgs, OslatArgs};
 use crate::clock::Calibration;
 use crate::cpus::Cpus;
-use crate::drain::LoadAfter;
-use crate::drain::{print_requester, qpw_fields, ProbeLoad};
-use crate::json::TraceFields;
-use crate::json::{self, Micros, Settings, RT_TESTS_VERSION};
+use crate::drain::{print_requester, qpw_fields, LoadAfter, ProbeLoad};
+use crate::json::{self, Micros, Settings, TraceFields, RT_TESTS_VERSION};
 use crate::oslat::{self, OslatConfig, OslatRun, OslatThread};
 use crate::rt::{self, Exit, TraceMarker};
 use crate::scenario::DrainSpec;
 use crate::sink::Sink;
 use crate::throttling::RtThrottling;
 use crate::validate;
-use qpw_core::CpuSet;
 
 /// oslat's default memmove buffer: 16 KiB per thread (`WORKLOAD_MEM_SIZE`).
 const WORKLOAD_MEM: u64 = 16 << 10;

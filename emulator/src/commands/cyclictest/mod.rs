@@ -16,8 +16,7 @@ use anyhow::Result;
 
 use crate::cli::CyclictestArgs;
 use crate::cyclictest::{self, CyclicConfig, CyclicRun, LiveLines, MainLoop, Verbose};
-use crate::drain::LoadAfter;
-use crate::drain::ProbeLoad;
+use crate::drain::{LoadAfter, ProbeLoad};
 use crate::json::TraceFields;
 use crate::rt;
 use crate::sink::Sink;
@@ -100,7 +99,7 @@ fn measure(
             .filter(|&t| t > 0)
             .map(|t| (t, args.spike_nodes.unwrap_or(DEFAULT_SPIKE_NODES) as usize)),
         align,
-        verbose: args.verbose,
+        verbose: sink.is_verbose(),
         local_op: load.local_op(),
         late_log: trace_us
             .zip(calibration)
@@ -112,11 +111,11 @@ fn measure(
         policy_label.clone(),
         args.refresh_on_max,
         sink.is_quiet(),
-        args.verbose
+        sink.is_verbose()
             .then(|| Verbose::new(nthreads, args.oscope.unwrap_or(1))),
     );
     // Our progress line: only where cyclictest draws nothing itself (-q) and the end is known.
-    let progress = (sink.is_quiet() && !args.verbose)
+    let progress = (sink.is_quiet() && !sink.is_verbose())
         .then(|| duration.map(|d| crate::progress::Progress::new("cyclictest", d, false)))
         .flatten();
     let mut main = MainLoop::new(lines, held.fifo.take(), progress);

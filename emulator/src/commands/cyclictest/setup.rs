@@ -48,10 +48,10 @@ impl SetUp {
             ..
         } = *plan;
         // 2.4 says it once more while it parses `-a`, when `-v` came before it.
-        if args.verbose && args.verbose_before_affinity && explicit_set {
+        if sink.is_verbose() && args.verbose_before_affinity && explicit_set {
             println!("Using {} cpus.", set.len());
         }
-        if args.verbose {
+        if sink.is_verbose() {
             println!("Max CPUs = {}", cpus.allowed.last().map_or(0, |c| c + 1));
             println!("Online CPUs = {}", cpus.allowed.len());
             if explicit_set {
@@ -83,14 +83,14 @@ impl SetUp {
             marker
         });
         if args.resolution {
-            check_resolution(clock, args.verbose, args.dbg_cyclictest);
+            check_resolution(clock, sink.is_verbose(), args.dbg_cyclictest);
         }
         rt::catch_sigint(sink);
         // After Ctrl-C is taken: a signal must not end the process before the guard restores.
         let throttling_off = crate::drain::throttling_for_run(&args.drain, sink)?;
         let throttling = RtThrottling::read(throttling_off.as_ref());
         let isolation = crate::isolate::for_run(args.drain.isolate, measured, &cpus.allowed, sink)?;
-        if args.verbose {
+        if sink.is_verbose() {
             for (i, s) in specs.iter().enumerate() {
                 if explicit_set {
                     println!("Thread {i} using cpu {}.", s.cpu);
