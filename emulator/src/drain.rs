@@ -18,8 +18,8 @@ use crate::cpus::Cpus;
 use crate::json::{QpwFields, Settings, ThreadFigures};
 use crate::load::Phase;
 use crate::oslat::LocalOp;
-use crate::rt::Warnings;
 use crate::scenario::{self, DrainSpec, Outcome};
+use crate::sink::Sink;
 use crate::throttling::ThrottlingOff;
 use crate::validate;
 use crate::workload::WorkloadName;
@@ -142,13 +142,9 @@ pub fn auto_mode(cpus: &Cpus, cpu: usize) -> Mode {
 
 /// With `--no-rt-throttling`: RT throttling off until the guard drops (refused without root,
 /// before anything runs).
-pub fn throttling_for_run(
-    args: &DrainArgs,
-    warnings: &mut Warnings,
-    quiet: bool,
-) -> Result<Option<ThrottlingOff>> {
+pub fn throttling_for_run(args: &DrainArgs, sink: &mut Sink) -> Result<Option<ThrottlingOff>> {
     args.no_rt_throttling
-        .then(|| ThrottlingOff::for_run(warnings, quiet))
+        .then(|| ThrottlingOff::for_run(sink))
         .transpose()
 }
 
@@ -172,7 +168,7 @@ pub fn qpw_fields(
     load: &LoadAfter,
     figures: Vec<ThreadFigures>,
     mut settings: Settings,
-    warnings: &Warnings,
+    sink: &Sink,
     interrupted: bool,
 ) -> QpwFields {
     let outcome = load.outcome.as_ref();
@@ -193,7 +189,7 @@ pub fn qpw_fields(
         load: outcome.map(|o| o.load.clone()),
         stopped_by: interrupted.then(crate::signals::stopped_by),
         interrupted,
-        warnings: warnings.list().to_vec(),
+        warnings: sink.warnings().to_vec(),
         trace: None,
     }
 }
@@ -244,14 +240,13 @@ impl ProbeLoad {
         run: Result<R>,
         probe_warnings: impl FnOnce(&R) -> &[String],
         target: Option<usize>,
-        warnings: &mut Warnings,
-        quiet: bool,
+        sink: &mut Sink,
     ) -> Result<(R, LoadAfter)> {
         let outcome = self.setup.map(|s| s.finish(target)).transpose()?;
         let run = run?;
-        warnings.extend(quiet, probe_warnings(&run).to_vec());
+        sink.warn_all(probe_warnings(&run).to_vec());
         if let Some(o) = &outcome {
-            note_outcome(o, warnings, quiet);
+            note_outcome(o, sink);
         }
         let after = LoadAfter {
             desc: self.desc,
@@ -262,12 +257,12 @@ impl ProbeLoad {
 }
 
 /// Folds the scenario's conservation check and load errors into the warnings.
-pub fn note_outcome(outcome: &Outcome, warnings: &mut Warnings, quiet: bool) {
+pub fn note_outcome(outcome: &Outcome, sink: &mut Sink) {
     if let Err(e) = &outcome.conservation {
-        warnings.push(quiet, format!("conservation check failed: {e}"));
+        sink.warn(format!("conservation check failed: {e}"));
     }
     if let Some(e) = &outcome.load.first_error {
-        warnings.push(quiet, format!("process-context load: {e}"));
+        sink.warn(format!("process-context load: {e}"));
     }
 }
 

@@ -238,9 +238,9 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
     if n == 0 {
         return Err(anyhow!("no CPU to measure"));
     }
-    let mut ignored = crate::rt::Warnings::default();
+    let mut ignored = crate::sink::Sink::new(true);
     let _away = match &cfg.main_cpus {
-        Some(main) => crate::rt::AwayFrom::onto(main, &mut ignored, true),
+        Some(main) => crate::rt::AwayFrom::onto(main, &mut ignored),
         None => crate::rt::AwayFrom::cpus(&cfg.cpus),
     };
     let ctl = Arc::new(Control {
@@ -338,6 +338,9 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
     })
 }
 
+/// One measuring thread, as oslat's: pinned, at its priority, it meets the others at the
+/// start, reads the TSC back to back and counts every gap until the run ends, then meets them
+/// at the end.
 fn thread_main(
     cpu: usize,
     preheats: bool,
@@ -369,62 +372,36 @@ fn thread_main(
         ),
         None => (None, u64::MAX),
     };
-    let (mut local_ops, mut op_errors, mut first_error) = (0u64, 0u64, None);
-    let mut op_time = op_time_hist();
+    let mut ops = LocalOps::new();
     // SAFETY: `gettid` has no preconditions.
     let tid = unsafe { libc::gettid() };
     let log_from = cfg.gap_log_ns.map_or(u64::MAX, |ns| cal.from_ns(ns).max(1));
-    let mut gaps: Vec<(u64, u64)> = Vec::new();
-    if cfg.gap_log_ns.is_some() {
-        gaps.try_reserve_exact(GAP_LOG_CAPACITY).map_err(|e| {
-            anyhow!("cannot set aside the gap log for cpu {cpu} ({GAP_LOG_CAPACITY} gaps): {e}")
-        })?;
-    }
+    let mut gaps = gap_log(cfg, cpu)?;
     let mut gaps_not_kept = 0u64;
 
     // Don't bash the CPU until everyone has started.
     ctl.started.fetch_add(1, Ordering::SeqCst);
-    while !ctl.go.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    sleep_until(&ctl.go);
 
     // Warm up: the same loop, nothing kept but the smallest gap (for the bias). With a
     // single pre-heat thread, the others sleep until it is done, as oslat runs only one.
     if preheats {
-        let warm_end = ticks() + cal.from_ns(cfg.warmup.as_nanos() as u64);
-        let mut prev = ticks();
-        while prev < warm_end && !ctl.stop.load(Ordering::Relaxed) {
-            if memmove {
-                copy(&mut dst, &src);
-            }
-            let now = ticks();
-            hist.record(cal.to_ns(now - prev));
-            prev = now;
-        }
-        ctl.preheat_min_ns
-            .fetch_min(hist.min_ns(), Ordering::SeqCst);
-        hist.clear();
-        ctl.preheated.store(true, Ordering::SeqCst);
+        preheat(
+            cfg,
+            cal,
+            ctl,
+            memmove.then_some((&mut dst[..], &src[..])),
+            &mut hist,
+        );
     } else {
-        while !ctl.preheated.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        sleep_until(&ctl.preheated);
     }
 
     // Start barrier.
     ctl.running.fetch_add(1, Ordering::SeqCst);
-    while ctl.running.load(Ordering::SeqCst) < ctl.n && !ctl.stop.load(Ordering::Relaxed) {
-        std::hint::spin_loop();
-    }
+    spin_until(&ctl.running, ctl.n, Some(&ctl.stop));
     if cfg.bias {
-        // oslat's bias: the smallest pre-heat gap in its whole microseconds (the upper edge of
-        // its slot), in bucket widths here.
-        let min = ctl.preheat_min_ns.load(Ordering::SeqCst);
-        let w = cfg.bucket_width_ns;
-        if min != u64::MAX {
-            hist = Histogram::new(cfg.bucket_size, w).with_origin((min / w + 1) * w);
-            op_hist = Histogram::new(cfg.bucket_size, w).with_origin((min / w + 1) * w);
-        }
+        (hist, op_hist) = biased(cfg, ctl).unwrap_or((hist, op_hist));
     }
     // Keep the source buffer alive and unknown to the optimiser.
     std::hint::black_box(&mut src);
@@ -470,18 +447,7 @@ fn thread_main(
         if now >= next_op {
             if let Some(w) = op {
                 op_in_gap = true;
-                // Timed from just before the operation: the gap's bookkeeping above (histogram
-                // updates, the gap log) is the probe's, not the owner's cost.
-                let began = ticks();
-                let result = w.process_op();
-                op_time.record(cal.to_ns(ticks().saturating_sub(began)));
-                match result {
-                    Ok(()) => local_ops += 1,
-                    Err(e) => {
-                        op_errors += 1;
-                        first_error.get_or_insert_with(|| e.to_string());
-                    }
-                }
+                ops.run(w, cal);
             }
             next_op = now.saturating_add(every);
         }
@@ -496,18 +462,16 @@ fn thread_main(
 
     // End barrier: exiting now could disturb the others.
     ctl.finished.fetch_add(1, Ordering::SeqCst);
-    while ctl.finished.load(Ordering::SeqCst) < ctl.n {
-        std::hint::spin_loop();
-    }
+    spin_until(&ctl.finished, ctl.n, None);
     Ok(OslatThread {
         cpu,
         hist,
         op_hist,
         duration_s: cal.to_ns(stop - start) as f64 / 1e9,
-        local_ops,
-        op_time,
-        local_op_errors: op_errors,
-        first_error,
+        local_ops: ops.done,
+        op_time: ops.time,
+        local_op_errors: ops.errors,
+        first_error: ops.first_error,
         tid,
         involuntary_switches,
         voluntary_switches,
@@ -515,6 +479,107 @@ fn thread_main(
         gaps_not_kept,
         window: (start, stop),
     })
+}
+
+/// Waits, sleeping a millisecond at a time, until `flag` is set (the start, the pre-heat).
+fn sleep_until(flag: &AtomicBool) {
+    while !flag.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Spins until `count` reaches `n` (a barrier), or until `stop` is set when given.
+fn spin_until(count: &AtomicUsize, n: usize, stop: Option<&AtomicBool>) {
+    while count.load(Ordering::SeqCst) < n && !stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+        std::hint::spin_loop();
+    }
+}
+
+/// The gap log of `cpu`'s thread, set aside before the run (empty without `--trace`).
+fn gap_log(cfg: &OslatConfig, cpu: usize) -> Result<Vec<(u64, u64)>> {
+    let mut gaps: Vec<(u64, u64)> = Vec::new();
+    if cfg.gap_log_ns.is_some() {
+        gaps.try_reserve_exact(GAP_LOG_CAPACITY).map_err(|e| {
+            anyhow!("cannot set aside the gap log for cpu {cpu} ({GAP_LOG_CAPACITY} gaps): {e}")
+        })?;
+    }
+    Ok(gaps)
+}
+
+/// The pre-heat: the measuring loop for `cfg.warmup` (with the memmove workload's buffers, if
+/// any), its smallest gap kept for the bias, nothing else; then the other threads may go.
+fn preheat(
+    cfg: &OslatConfig,
+    cal: Calibration,
+    ctl: &Control,
+    mut memmove: Option<(&mut [u8], &[u8])>,
+    hist: &mut Histogram,
+) {
+    let warm_end = ticks() + cal.from_ns(cfg.warmup.as_nanos() as u64);
+    let mut prev = ticks();
+    while prev < warm_end && !ctl.stop.load(Ordering::Relaxed) {
+        if let Some((dst, src)) = &mut memmove {
+            copy(dst, src);
+        }
+        let now = ticks();
+        hist.record(cal.to_ns(now - prev));
+        prev = now;
+    }
+    ctl.preheat_min_ns
+        .fetch_min(hist.min_ns(), Ordering::SeqCst);
+    hist.clear();
+    ctl.preheated.store(true, Ordering::SeqCst);
+}
+
+/// oslat's bias: the histograms with their origin at the smallest pre-heat gap in its whole
+/// microseconds (the upper edge of its slot), in bucket widths here; `None` without a
+/// pre-heat gap.
+fn biased(cfg: &OslatConfig, ctl: &Control) -> Option<(Histogram, Histogram)> {
+    let min = ctl.preheat_min_ns.load(Ordering::SeqCst);
+    let w = cfg.bucket_width_ns;
+    (min != u64::MAX).then(|| {
+        let origin = (min / w + 1) * w;
+        (
+            Histogram::new(cfg.bucket_size, w).with_origin(origin),
+            Histogram::new(cfg.bucket_size, w).with_origin(origin),
+        )
+    })
+}
+
+/// The probe's own local operations: done, failed (with the first failure's message), and
+/// each one's time.
+struct LocalOps {
+    done: u64,
+    errors: u64,
+    first_error: Option<String>,
+    time: Histogram,
+}
+
+impl LocalOps {
+    fn new() -> Self {
+        Self {
+            done: 0,
+            errors: 0,
+            first_error: None,
+            time: op_time_hist(),
+        }
+    }
+
+    /// Does one operation, timed from just before it: the gap's bookkeeping (histogram
+    /// updates, the gap log) is the probe's, not the owner's cost.
+    #[inline]
+    fn run(&mut self, w: &dyn Workload, cal: Calibration) {
+        let began = ticks();
+        let result = w.process_op();
+        self.time.record(cal.to_ns(ticks().saturating_sub(began)));
+        match result {
+            Ok(()) => self.done += 1,
+            Err(e) => {
+                self.errors += 1;
+                self.first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
 }
 
 /// oslat's workload step: one `memmove` of the thread's buffer.

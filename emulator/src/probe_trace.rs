@@ -14,7 +14,7 @@ use crate::cpus::Cpus;
 use crate::json::TraceFields;
 use crate::kernel::info::KernelInfo;
 use crate::oslat::OslatRun;
-use crate::rt::Warnings;
+use crate::sink::Sink;
 use crate::trace::{self, Session, TraceHealth};
 use crate::validate;
 
@@ -35,12 +35,22 @@ pub fn threshold_us(raw: &str) -> Result<f64> {
     validate::float_in("--trace", raw, 0.1, 1_000_000.0)
 }
 
+/// A probe's `--trace` threshold, validated, and tracefs checked when it is given, before
+/// anything starts.
+pub fn threshold_checked(raw: Option<&str>) -> Result<Option<f64>> {
+    let us = raw.map(threshold_us).transpose()?;
+    if us.is_some() {
+        crate::trace::tracefs::preflight()?;
+    }
+    Ok(us)
+}
+
 /// Starts the trace for a probe on `measured`, its reader on a housekeeping CPU; says what it
-/// does unless `quiet`.
-pub fn start_for_probe(measured: &CpuSet, cpus: &Cpus, quiet: bool) -> Result<Session> {
+/// does unless the sink is quiet.
+pub fn start_for_probe(measured: &CpuSet, cpus: &Cpus, sink: &Sink) -> Result<Session> {
     let reader = cpus.housekeeping(measured);
     let session = Session::start(measured, reader)?;
-    if !quiet {
+    if !sink.is_quiet() {
         println!(
             "Trace:            private tracefs instance on cpu(s) {measured}, clock {}, reader \
              on cpu {}",
@@ -70,8 +80,7 @@ pub fn attribute(
     probes: &[ProbeGaps<'_>],
     cal: Calibration,
     threshold_us: f64,
-    warnings: &mut Warnings,
-    quiet: bool,
+    sink: &mut Sink,
 ) -> Result<TraceFields> {
     let traced = session.finish()?;
     let conv = ticks_to_us(&traced.clock, cal);
@@ -86,7 +95,7 @@ pub fn attribute(
         .flat_map(|c| traced.work_on(c, &conv))
         .collect();
     let health = traced.health();
-    note_health(&health, warnings, quiet);
+    note_health(&health, sink);
     Ok(TraceFields {
         kernel: KernelInfo::read(),
         health,
@@ -100,8 +109,7 @@ pub fn attribute_oslat(
     session: Session,
     run: &OslatRun,
     threshold_us: f64,
-    warnings: &mut Warnings,
-    quiet: bool,
+    sink: &mut Sink,
 ) -> Result<TraceFields> {
     let probes: Vec<ProbeGaps<'_>> = run
         .threads
@@ -113,14 +121,7 @@ pub fn attribute_oslat(
             not_kept: t.gaps_not_kept,
         })
         .collect();
-    attribute(
-        session,
-        &probes,
-        run.calibration,
-        threshold_us,
-        warnings,
-        quiet,
-    )
+    attribute(session, &probes, run.calibration, threshold_us, sink)
 }
 
 /// Prints the attribution of each traced CPU, `top` sources each, and the trace's health, on
@@ -178,22 +179,16 @@ pub fn emit_extra(text: &str, prefix: &str) {
 }
 
 /// Warns of events the trace lost and lines that did not parse.
-pub fn note_health(h: &TraceHealth, warnings: &mut Warnings, quiet: bool) {
+pub fn note_health(h: &TraceHealth, sink: &mut Sink) {
     if h.lost_events > 0 {
-        warnings.push(
-            quiet,
-            format!(
-                "the trace lost {} events (ring buffer overrun): gaps around them are reported \
+        sink.warn(format!(
+            "the trace lost {} events (ring buffer overrun): gaps around them are reported \
                  as `lost`, not attributed",
-                h.lost_events
-            ),
-        );
+            h.lost_events
+        ));
     }
     if h.unparsed_lines > 0 {
-        warnings.push(
-            quiet,
-            format!("{} trace lines did not parse", h.unparsed_lines),
-        );
+        sink.warn(format!("{} trace lines did not parse", h.unparsed_lines));
     }
 }
 

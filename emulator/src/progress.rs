@@ -4,6 +4,8 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+use crate::sink::Sink;
+
 /// The display of one timed phase.
 #[derive(Debug)]
 pub struct Progress {
@@ -66,4 +68,19 @@ impl Progress {
             let _ = err.flush();
         }
     }
+}
+
+/// Waits for the end of a run of `duration` (until Ctrl-C without one), drawing the progress
+/// line of `label` unless the sink is quiet; returns when the wait began.
+pub fn wait_for(label: &str, duration: Option<Duration>, sink: &Sink) -> Instant {
+    let progress = Progress::new(label, duration.unwrap_or(Duration::MAX), sink.is_quiet());
+    let start = Instant::now();
+    while duration.is_none_or(|d| start.elapsed() < d) && !crate::rt::interrupted() {
+        if duration.is_some() {
+            progress.tick();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    progress.finish();
+    start
 }

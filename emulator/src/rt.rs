@@ -1,7 +1,8 @@
 //! The real-time setup every probe does before it measures, as rt-tests does it: lock memory
 //! (`mlockall`), hold `/dev/cpu_dma_latency` at 0, run `SCHED_FIFO` when asked, and check that
-//! the measured CPUs are isolated. Each step that fails is a [`Warnings`] entry that ends up in
-//! the report (STYLE.md rule 15): a figure measured without it means something else.
+//! the measured CPUs are isolated. Each step that fails is a warning in the command's
+//! [`Sink`] that ends up in the report (STYLE.md rule 15): a figure measured without it means
+//! something else.
 //!
 //! Also here: the ftrace marker written when a threshold is exceeded (`-T`, `-b`), the SIGINT
 //! flag (taken by [`crate::signals`]), and the system facts the rt-tests JSON envelope carries.
@@ -11,36 +12,7 @@ use std::io::Write;
 
 use qpw_core::{CpuSet, Topology};
 
-/// Setup steps that did not happen, in words, for the report.
-#[derive(Debug, Default, Clone)]
-pub struct Warnings(Vec<String>);
-
-impl Warnings {
-    /// Records one warning, and says it on stderr unless `quiet`; a warning already recorded
-    /// (the same step failing again in a later scenario) is neither repeated nor said again.
-    pub fn push(&mut self, quiet: bool, message: impl Into<String>) {
-        let message = message.into();
-        if self.0.contains(&message) {
-            return;
-        }
-        if !quiet {
-            eprintln!("warning: {message}");
-        }
-        self.0.push(message);
-    }
-
-    /// Takes warnings from elsewhere (the probe threads), without repeating them.
-    pub fn extend(&mut self, quiet: bool, more: impl IntoIterator<Item = String>) {
-        for m in more {
-            self.push(quiet, m);
-        }
-    }
-
-    /// The warnings, in order.
-    pub fn list(&self) -> &[String] {
-        &self.0
-    }
-}
+use crate::sink::Sink;
 
 /// What the setup holds for the length of the run: the `cpu_dma_latency` file stays open (the
 /// kernel drops the request when it is closed).
@@ -57,22 +29,20 @@ pub struct RtGuard {
 /// mapping past the limit fail (thread stacks, histogram buffers), and the run would abort in
 /// its set-up; so there only what is mapped now is locked (`MCL_CURRENT`), with a warning that
 /// names the limit and how to lift it. See [`MemLockPlan`].
-pub fn prepare(mlock: bool, warnings: &mut Warnings, quiet: bool) -> RtGuard {
+pub fn prepare(mlock: bool, sink: &mut Sink) -> RtGuard {
     if mlock {
         let plan = MemLockPlan::choose(memlock_limit(), has_cap_ipc_lock(), mapped_bytes());
         if let Some(w) = plan.lock() {
-            warnings.push(quiet, w);
+            sink.warn(w);
         }
     } else {
-        warnings.push(quiet, "memory not locked (mlockall not asked for)");
+        sink.warn("memory not locked (mlockall not asked for)");
     }
     let dma = match OpenOptions::new().write(true).open("/dev/cpu_dma_latency") {
         Ok(mut f) => match f.write_all(&0i32.to_ne_bytes()) {
             Ok(()) => Some(f),
             Err(e) => {
-                warnings.push(
-                    quiet,
-                    format!("could not write 0 to /dev/cpu_dma_latency: {e}; deep C-states may add exit latency"),
+                sink.warn(format!("could not write 0 to /dev/cpu_dma_latency: {e}; deep C-states may add exit latency"),
                 );
                 None
             }
@@ -83,13 +53,10 @@ pub fn prepare(mlock: bool, warnings: &mut Warnings, quiet: bool) -> RtGuard {
             } else {
                 ""
             };
-            warnings.push(
-                quiet,
-                format!(
-                    "/dev/cpu_dma_latency not held at 0: {e}{how}; deep C-states may add exit \
+            sink.warn(format!(
+                "/dev/cpu_dma_latency not held at 0: {e}{how}; deep C-states may add exit \
                      latency"
-                ),
-            );
+            ));
             None
         }
     };
@@ -106,17 +73,16 @@ impl RtGuard {
     /// Holds `value` microseconds in `/dev/cpu_dma_latency` instead of 0 (cyclictest's
     /// `--latency`), or lets go of it (`None`: `--laptop`, `--default-system`: the request ends
     /// when the file is closed).
-    pub fn set_dma_latency(&mut self, value: Option<i32>, warnings: &mut Warnings, quiet: bool) {
+    pub fn set_dma_latency(&mut self, value: Option<i32>, sink: &mut Sink) {
         let Some(value) = value else {
             self._dma_latency = None;
             return;
         };
         if let Some(f) = &mut self._dma_latency {
             if let Err(e) = f.write_all(&value.to_ne_bytes()) {
-                warnings.push(
-                    quiet,
-                    format!("could not write {value} to /dev/cpu_dma_latency: {e}"),
-                );
+                sink.warn(format!(
+                    "could not write {value} to /dev/cpu_dma_latency: {e}"
+                ));
                 self._dma_latency = None;
             }
         }
@@ -149,22 +115,19 @@ pub fn emulated_cpu() -> bool {
 }
 
 /// Records a warning for each measured CPU that is neither isolated nor `nohz_full`.
-pub fn check_isolation(cpus: &CpuSet, warnings: &mut Warnings, quiet: bool) {
+pub fn check_isolation(cpus: &CpuSet, sink: &mut Sink) {
     match Topology::read() {
         Ok(topo) => {
             let isolated = topo.isolated_or_nohz_full();
             let shared = cpus.difference(&isolated);
             if !shared.is_empty() {
-                warnings.push(
-                    quiet,
-                    format!(
-                        "measured CPU(s) {shared} not isolated (isolated/nohz_full: {isolated}): \
+                sink.warn(format!(
+                    "measured CPU(s) {shared} not isolated (isolated/nohz_full: {isolated}): \
                          the figures include ordinary scheduler and tick noise"
-                    ),
-                );
+                ));
             }
         }
-        Err(e) => warnings.push(quiet, format!("could not read the CPU topology: {e}")),
+        Err(e) => sink.warn(format!("could not read the CPU topology: {e}")),
     }
 }
 
@@ -417,15 +380,12 @@ impl AwayFrom {
 impl AwayFrom {
     /// Moves the calling thread onto `cpus` (oslat's `-C`, cyclictest's `--mainaffinity`); a
     /// refusal is recorded in `warnings` and the thread stays where it was.
-    pub fn onto(cpus: &CpuSet, warnings: &mut Warnings, quiet: bool) -> Self {
+    pub fn onto(cpus: &CpuSet, sink: &mut Sink) -> Self {
         let previous = qpw_core::current_affinity().ok();
         match qpw_core::set_current_affinity(cpus) {
             Ok(()) => Self { previous },
             Err(e) => {
-                warnings.push(
-                    quiet,
-                    format!("cannot move the main thread to cpu(s) {cpus}: {e}"),
-                );
+                sink.warn(format!("cannot move the main thread to cpu(s) {cpus}: {e}"));
                 Self { previous: None }
             }
         }
@@ -456,7 +416,7 @@ impl TraceMarker {
     /// warning when there is none, without saying it: the caller says it with
     /// [`say_missing`](Self::say_missing) where it fits (oslat after rt-tests' own lines of a
     /// threshold stop, which come first on stderr).
-    pub fn open(warnings: &mut Warnings) -> Self {
+    pub fn open(sink: &mut Sink) -> Self {
         for dir in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
             let marker = OpenOptions::new()
                 .write(true)
@@ -472,17 +432,17 @@ impl TraceMarker {
                 };
             }
         }
-        warnings.push(true, NO_TRACE_MARKER);
+        sink.keep(NO_TRACE_MARKER);
         Self {
             marker: None,
             tracing_on: None,
         }
     }
 
-    /// Says on stderr, unless `quiet`, the warning [`open`](Self::open) recorded when there is
+    /// Says on stderr, unless the sink is quiet, the warning [`open`](Self::open) recorded when there is
     /// no marker.
-    pub fn say_missing(&self, quiet: bool) {
-        if self.marker.is_none() && !quiet {
+    pub fn say_missing(&self, sink: &Sink) {
+        if self.marker.is_none() && !sink.is_quiet() {
             eprintln!("warning: {NO_TRACE_MARKER}");
         }
     }
@@ -501,14 +461,11 @@ impl TraceMarker {
 /// Takes SIGINT, SIGTERM and SIGHUP (see [`crate::signals`]): the first asks the run to stop
 /// cleanly and still report what it measured, a second ends the process. When the signals cannot be
 /// taken they keep their default action, and `warnings` says so.
-pub fn catch_sigint(warnings: &mut Warnings, quiet: bool) {
+pub fn catch_sigint(sink: &mut Sink) {
     if let Err(e) = crate::signals::install() {
-        warnings.push(
-            quiet,
-            format!(
-                "cannot take SIGINT/SIGTERM/SIGHUP ({e}): Ctrl-C ends the run without a report"
-            ),
-        );
+        sink.warn(format!(
+            "cannot take SIGINT/SIGTERM/SIGHUP ({e}): Ctrl-C ends the run without a report"
+        ));
     }
 }
 

@@ -304,9 +304,26 @@ fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
     v.map_or_else(|| "-".to_string(), f)
 }
 
-/// The comparison table: target side, then requester side.
+/// The comparison table: target side, then requester side, then what its columns mean.
 pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> String {
     let mut s = String::new();
+    // The name column fits the longest name (and its marks).
+    let nw = rows
+        .iter()
+        .map(|r| r.name.chars().count() + 2)
+        .max()
+        .unwrap_or(0)
+        .max(14);
+    heading(&mut s, target, threshold_ns, nw);
+    for r in rows {
+        row_line(&mut s, r, nw);
+    }
+    legend(&mut s, rows);
+    s
+}
+
+/// The table's title and its column heads, for a name column `nw` wide.
+fn heading(s: &mut String, target: Option<usize>, threshold_ns: Option<u64>, nw: usize) {
     let cpu = target.map_or_else(String::new, |c| format!(" (cpu {c})"));
     let thr = threshold_ns.map_or_else(String::new, |t| {
         format!(", interruptions = gaps >= {:.1} us", t as f64 / 1000.0)
@@ -316,13 +333,6 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         "\nTarget{cpu}: oslat gaps or cyclictest wake-up latencies in us{thr}; requester: \
          drain time in us"
     );
-    // The name column fits the longest name (and its marks).
-    let nw = rows
-        .iter()
-        .map(|r| r.name.chars().count() + 2)
-        .max()
-        .unwrap_or(0)
-        .max(14);
     let _ = writeln!(
         s,
         "{:<nw$} {:>9} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>11} {:>8} {:>6} | {:>7} {:>8} {:>8} {:>9} {:>6}",
@@ -344,37 +354,43 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
         "stalls"
     );
     let _ = writeln!(s, "{}", "-".repeat(137 + nw));
-    for r in rows {
-        let mark = match (r.from_buckets, r.interrupted) {
-            (true, true) => "*!",
-            (true, false) => "*",
-            (false, true) => "!",
-            (false, false) => "",
-        };
-        let _ = writeln!(
-            s,
-            "{:<nw$} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>11} {:>8} {:>6} | {:>7} {:>8} {:>8} {:>9} {:>6}",
-            format!("{}{mark}", r.name),
-            r.max_us,
-            num(r.p99_us, r.at_least[0]),
-            num(r.p99_9_us, r.at_least[1]),
-            num(r.p99_99_us, r.at_least[2]),
-            opt(r.interruptions, |v| v.to_string()),
-            opt(r.during_local_op, |v| v.to_string()),
-            opt(r.interruptions_per_s, |v| format!("{v:.0}")),
-            opt(r.excess_per_drain, |v| match r.excess_per_drain_se {
-                Some(se) => format!("{v:+.2}±{se:.2}"),
-                None => format!("{v:+.2}"),
-            }),
-            opt(r.preemptions_per_drain, |v| format!("{v:.2}")),
-            opt(r.local_op_ns, |v| format!("{v:.0}")),
-            opt(r.drains, |v| v.to_string()),
-            opt(r.drain_p50, |v| format!("{v:.1}")),
-            opt(r.drain_p99, |v| format!("{v:.1}")),
-            opt(r.drain_max, |v| format!("{v:.1}")),
-            opt(r.stalls, |v| v.to_string()),
-        );
-    }
+}
+
+/// One scenario's line.
+fn row_line(s: &mut String, r: &Row, nw: usize) {
+    let mark = match (r.from_buckets, r.interrupted) {
+        (true, true) => "*!",
+        (true, false) => "*",
+        (false, true) => "!",
+        (false, false) => "",
+    };
+    let _ = writeln!(
+        s,
+        "{:<nw$} {:>9.1} {:>7} {:>7} {:>8} {:>10} {:>7} {:>7} {:>11} {:>8} {:>6} | {:>7} {:>8} {:>8} {:>9} {:>6}",
+        format!("{}{mark}", r.name),
+        r.max_us,
+        num(r.p99_us, r.at_least[0]),
+        num(r.p99_9_us, r.at_least[1]),
+        num(r.p99_99_us, r.at_least[2]),
+        opt(r.interruptions, |v| v.to_string()),
+        opt(r.during_local_op, |v| v.to_string()),
+        opt(r.interruptions_per_s, |v| format!("{v:.0}")),
+        opt(r.excess_per_drain, |v| match r.excess_per_drain_se {
+            Some(se) => format!("{v:+.2}±{se:.2}"),
+            None => format!("{v:+.2}"),
+        }),
+        opt(r.preemptions_per_drain, |v| format!("{v:.2}")),
+        opt(r.local_op_ns, |v| format!("{v:.0}")),
+        opt(r.drains, |v| v.to_string()),
+        opt(r.drain_p50, |v| format!("{v:.1}")),
+        opt(r.drain_p99, |v| format!("{v:.1}")),
+        opt(r.drain_max, |v| format!("{v:.1}")),
+        opt(r.stalls, |v| v.to_string()),
+    );
+}
+
+/// What the columns mean: each line only where a row has the figure it explains.
+fn legend(s: &mut String, rows: &[Row]) {
     let _ = writeln!(
         s,
         "max, p99-p99.99: the longest gap (or latency) and the percentiles of all of them, in \
@@ -474,7 +490,6 @@ pub fn table(rows: &[Row], target: Option<usize>, threshold_ns: Option<u64>) -> 
              (cyclictest's latencies past -h; oslat's last bucket)"
         );
     }
-    s
 }
 
 #[cfg(test)]

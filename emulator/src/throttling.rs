@@ -34,8 +34,8 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::rt::Warnings;
 use crate::setting::{Changed, Kind};
+use crate::sink::Sink;
 
 /// Where the kernel keeps the RT budget per period (-1: no throttling).
 pub const RUNTIME_PATH: &str = "/proc/sys/kernel/sched_rt_runtime_us";
@@ -106,7 +106,7 @@ pub fn recover_stale() -> Vec<String> {
 impl ThrottlingOff {
     /// Turns the kernel's RT throttling off for the run, after checking for root, with a
     /// warning in `warnings`.
-    pub fn for_run(warnings: &mut Warnings, quiet: bool) -> Result<Self> {
+    pub fn for_run(sink: &mut Sink) -> Result<Self> {
         // SAFETY: `geteuid` has no preconditions and cannot fail.
         let euid = unsafe { libc::geteuid() };
         if euid != 0 {
@@ -119,17 +119,14 @@ impl ThrottlingOff {
             Path::new(RUNTIME_PATH),
             Some(Path::new(crate::isolate::STATE_DIR)),
         )?;
-        warnings.push(
-            quiet,
-            format!(
-                "RT throttling is off for this run ({RUNTIME_PATH} = -1, was {}): a SCHED_FIFO \
+        sink.warn(format!(
+            "RT throttling is off for this run ({RUNTIME_PATH} = -1, was {}): a SCHED_FIFO \
                  task that never sleeps may keep its CPU for as long as it runs; restored at \
                  exit. Since Linux 6.12 the fair server ({FAIR_SERVER}cpu<N>/runtime in \
                  debugfs, 50 ms of each 1 s by default) still lets a starved SCHED_OTHER worker \
                  in whatever this says: where it is on, drains still complete after about 0.95 s",
-                off.saved().trim()
-            ),
-        );
+            off.saved().trim()
+        ));
         Ok(off)
     }
 

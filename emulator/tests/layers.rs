@@ -1,7 +1,7 @@
 //! The emulator's layers (the crate's "Shape"): data flows one way, parse, then run, then
 //! report, and every module knows which room it is in.
 //!
-//! - **the command line** (`cli.rs`) declares and validates arguments and imports no command;
+//! - **the command line** (`cli/`, one file per command's arguments) declares and validates arguments and imports no command;
 //!   `defaults.rs`, the defaults it shows that a command also uses, imports nothing of ours;
 //! - **the dispatcher** (`commands/mod.rs`) may use every command;
 //! - **a command** (`commands/<name>.rs`, and any module under it) uses `cli`'s argument types
@@ -16,7 +16,8 @@
 //! line and the import.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+
+mod source_tree;
 
 /// A module of the crate: its path below `crate` (`commands::run`, `trace::tracefs`; empty for
 /// `lib.rs`).
@@ -38,7 +39,7 @@ struct Source {
 enum Room {
     /// `lib.rs`: declares the modules.
     Root,
-    /// `cli.rs`.
+    /// `cli/mod.rs` and the files under it.
     Cli,
     /// `defaults.rs`.
     Defaults,
@@ -54,7 +55,7 @@ impl Room {
     fn of(module: &[String]) -> Room {
         match module {
             [] => Room::Root,
-            [m] if m == "cli" => Room::Cli,
+            [m, ..] if m == "cli" => Room::Cli,
             [m] if m == "defaults" => Room::Defaults,
             [m] if m == "commands" => Room::Dispatcher,
             [m, name, ..] if m == "commands" => Room::Command(name.clone()),
@@ -73,7 +74,7 @@ impl Room {
                 Some("a command never reaches back into the dispatcher")
             }
             (Room::Cli, Room::Command(_) | Room::Dispatcher) => Some(
-                "cli.rs declares and validates arguments only: a default that a command also \
+                "cli declares and validates arguments only: a default that a command also \
                  uses lives in defaults.rs",
             ),
             (Room::Below, Room::Command(_) | Room::Dispatcher) => Some(
@@ -89,35 +90,11 @@ impl Room {
 
 /// The emulator's library sources (`main.rs`, the binary above everything, left out).
 fn the_tree() -> Vec<Source> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    walk(&root, &mut files);
-    files.sort();
-    files
+    source_tree::files()
         .into_iter()
-        .filter_map(|path| {
-            let rel = path
-                .strip_prefix(&root)
-                .unwrap()
-                .to_string_lossy()
-                .into_owned();
-            (rel != "main.rs").then(|| {
-                let text = std::fs::read_to_string(&path).unwrap();
-                source(&format!("emulator/src/{rel}"), &rel, text)
-            })
-        })
+        .filter(|(rel, _)| rel != "main.rs")
+        .map(|(rel, text)| source(&format!("emulator/src/{rel}"), &rel, text))
         .collect()
-}
-
-fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            walk(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
 }
 
 /// The source of the file at `rel` below `src/` (`commands/run.rs`), with its module.
@@ -556,7 +533,12 @@ fn smoke_the_tree_has_its_rooms_and_the_check_sees_its_imports() {
         );
     }
     assert!(targets("emulator/src/commands/oslat.rs").contains("drain"));
-    let run = targets("emulator/src/commands/run.rs");
+    // The default experiment is a module directory: what its files reach, together.
+    let run: BTreeSet<String> = tree
+        .iter()
+        .filter(|s| s.file.starts_with("emulator/src/commands/run/"))
+        .flat_map(|s| targets(&s.file))
+        .collect();
     assert!(run.contains("cpus") && run.contains("oslat"), "{run:?}");
 }
 

@@ -5,19 +5,68 @@
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Result};
-use qpw_core::Mode;
+use qpw_core::{CpuSet, Mode};
+
+use crate::scenario::DrainSpec;
 
 use crate::cli::LoadArgs;
 use crate::cpus::Cpus;
 use crate::drain::{note_outcome, print_requester, resolve_drain, throttling_for_run};
 use crate::json::{self, Envelope};
-use crate::rt::{self, Warnings};
+use crate::rt;
 use crate::scenario;
+use crate::sink::Sink;
 use crate::throttling::RtThrottling;
 use crate::validate;
 
-/// `qpw-emu load`.
+/// `qpw-emu load`: its plan (the free CPUs, the load), the set-up it holds, the load until
+/// Ctrl-C or `--duration`, the report.
 pub fn load_cmd(args: &LoadArgs) -> Result<()> {
+    let (cpus, duration, free, spec) = plan(args)?;
+    let mut sink = Sink::new(args.quiet);
+    if let Some(path) = &args.json {
+        crate::validate::output_file("--json", path)?;
+    }
+    let start_time = rt::rt_timestamp();
+    let _rt = rt::prepare(true, &mut sink);
+    rt::catch_sigint(&mut sink);
+    // After Ctrl-C is taken: a signal must not end the process before the guard restores.
+    let throttling_off = throttling_for_run(&args.drain, &mut sink)?;
+    let throttling = RtThrottling::read(throttling_off.as_ref());
+    let isolation = crate::isolate::for_run(args.drain.isolate, &free, &cpus.allowed, &mut sink)?;
+    if !sink.is_quiet() {
+        println!("qpw-emu load: {}", throttling.line());
+    }
+    let setup = scenario::setup(&spec)?;
+    announce(&spec, &free, duration, &sink);
+    let _away = rt::AwayFrom::cpus(&free);
+    setup.phase.go();
+    let start = crate::progress::wait_for("load", duration, &sink);
+    let qpw_desc = setup.describe();
+    let outcome = setup.finish(free.first())?;
+    note_outcome(&outcome, &mut sink);
+    print_requester(&outcome);
+    if let Some(path) = &args.json {
+        let body = LoadBody {
+            tool: "load".to_string(),
+            mode: spec.mode.name().to_string(),
+            workload: spec.workload.name().to_string(),
+            qpw: qpw_desc,
+            free: free.to_string(),
+            seconds: start.elapsed().as_secs_f64(),
+            requester: outcome.requester.clone(),
+            rt_throttling: throttling,
+            isolation: isolation.as_ref().map(|i| i.report.clone()),
+            load: outcome.load.clone(),
+            warnings: sink.warnings().to_vec(),
+        };
+        json::write(path, &Envelope::succeeded(start_time, body))?;
+    }
+    Ok(())
+}
+
+/// The options checked: the allowed CPUs, the run's length, the CPUs left free, the load.
+fn plan(args: &LoadArgs) -> Result<(Cpus, Option<Duration>, CpuSet, DrainSpec)> {
     let cpus = Cpus::read()?;
     let duration = args
         .duration
@@ -45,29 +94,13 @@ pub fn load_cmd(args: &LoadArgs) -> Result<()> {
     if spec.drain_rate_hz == 0.0 && spec.load_cpus.is_empty() {
         bail!("--drain-rate 0 with --load off: nothing to run");
     }
-    let quiet = args.quiet;
-    if let Some(path) = &args.json {
-        crate::validate::output_file("--json", path)?;
-    }
-    let start_time = rt::rt_timestamp();
-    let mut warnings = Warnings::default();
-    let _rt = rt::prepare(true, &mut warnings, quiet);
-    rt::catch_sigint(&mut warnings, quiet);
-    // After Ctrl-C is taken: a signal must not end the process before the guard restores.
-    let throttling_off = throttling_for_run(&args.drain, &mut warnings, quiet)?;
-    let throttling = RtThrottling::read(throttling_off.as_ref());
-    let isolation = crate::isolate::for_run(
-        args.drain.isolate,
-        &free,
-        &cpus.allowed,
-        &mut warnings,
-        quiet,
-    )?;
-    if !quiet {
-        println!("qpw-emu load: {}", throttling.line());
-    }
-    let setup = scenario::setup(&spec)?;
-    if let (false, Some(k)) = (quiet, spec.workload.kernel()) {
+    Ok((cpus, duration, free, spec))
+}
+
+/// Says, unless quiet, what load runs where (the kernel's own drain with the kernel's
+/// settings), and for how long.
+fn announce(spec: &DrainSpec, free: &CpuSet, duration: Option<Duration>, sink: &Sink) {
+    if let (false, Some(k)) = (sink.is_quiet(), spec.workload.kernel()) {
         for l in crate::kernel::info::KernelInfo::read().lines() {
             println!("{l}");
         }
@@ -87,7 +120,7 @@ pub fn load_cmd(args: &LoadArgs) -> Result<()> {
                 None => "Ctrl-C to stop.".to_string(),
             }
         );
-    } else if !quiet {
+    } else if !sink.is_quiet() {
         println!(
             "qpw-emu load: {} mode, workload {}, {} {}drains/s from cpu {}, process-context load on {}; \
              cpu(s) {free} left free{}. {}",
@@ -108,38 +141,6 @@ pub fn load_cmd(args: &LoadArgs) -> Result<()> {
             }
         );
     }
-    let _away = rt::AwayFrom::cpus(&free);
-    setup.phase.go();
-    let progress = crate::progress::Progress::new("load", duration.unwrap_or(Duration::MAX), quiet);
-    let start = std::time::Instant::now();
-    while duration.is_none_or(|d| start.elapsed() < d) && !rt::interrupted() {
-        if duration.is_some() {
-            progress.tick();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    progress.finish();
-    let qpw_desc = setup.describe();
-    let outcome = setup.finish(free.first())?;
-    note_outcome(&outcome, &mut warnings, quiet);
-    print_requester(&outcome);
-    if let Some(path) = &args.json {
-        let body = LoadBody {
-            tool: "load".to_string(),
-            mode: spec.mode.name().to_string(),
-            workload: spec.workload.name().to_string(),
-            qpw: qpw_desc,
-            free: free.to_string(),
-            seconds: start.elapsed().as_secs_f64(),
-            requester: outcome.requester.clone(),
-            rt_throttling: throttling,
-            isolation: isolation.as_ref().map(|i| i.report.clone()),
-            load: outcome.load.clone(),
-            warnings: warnings.list().to_vec(),
-        };
-        json::write(path, &Envelope::succeeded(start_time, body))?;
-    }
-    Ok(())
 }
 
 /// The JSON body of `qpw-emu load`: no probe thread, only the load's figures.

@@ -14,21 +14,25 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use qpw_core::CpuSet;
 
-use crate::cli::OslatArgs;
+use crate::cli::{DrainArgs, OslatArgs};
 use crate::clock::Calibration;
 use crate::cpus::Cpus;
-use crate::drain::{print_requester, qpw_fields, ProbeLoad};
-use crate::json::{self, Micros, Settings, RT_TESTS_VERSION};
+use crate::drain::{print_requester, qpw_fields, LoadAfter, ProbeLoad};
+use crate::json::{self, Micros, Settings, TraceFields, RT_TESTS_VERSION};
 use crate::oslat::{self, OslatConfig, OslatRun, OslatThread};
-use crate::rt::{self, Exit, TraceMarker, Warnings};
+use crate::rt::{self, Exit, TraceMarker};
+use crate::scenario::DrainSpec;
+use crate::sink::Sink;
 use crate::throttling::RtThrottling;
 use crate::validate;
 
 /// oslat's default memmove buffer: 16 KiB per thread (`WORKLOAD_MEM_SIZE`).
 const WORKLOAD_MEM: u64 = 16 << 10;
 
-/// `qpw-emu oslat`, or `oslat` through a link.
+/// `qpw-emu oslat`, or `oslat` through a link: its plan, the set-up it holds, the probe under
+/// the load, the report.
 pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     crate::cli::note_stray("oslat", &args.stray);
     if args.version {
@@ -36,69 +40,149 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         eprintln!("# qpw-emu {}", env!("CARGO_PKG_VERSION"));
         return Ok(());
     }
-    let cpus = Cpus::read()?;
-    // A refused CPU comes after oslat's version line, as oslat prints it (and for -C its own
-    // line, with its range as 2.4 writes it); our reason follows on stderr.
-    let measured = match &args.cpu_list {
-        Some(list) => validate::cpu_list("--cpu-list", list, &cpus.allowed).inspect_err(|_| {
-            println!("oslat V {RT_TESTS_VERSION}");
-        })?,
-        None => cpus.allowed.clone(),
-    };
-    let main_cpu = match &args.cpu_main_thread {
-        Some(raw) => Some(
-            validate::cpu("--cpu-main-thread", raw, &cpus.allowed).inspect_err(|_| {
-                println!("oslat V {RT_TESTS_VERSION}");
-                let top = cpus.allowed.last().map_or(0, |c| c + 1);
-                println!("Illegal core for main thread: {raw} (should be: 0-{top})");
-            })?,
-        ),
-        // oslat's default: cpu 0 (when the process may run there).
-        None => cpus.allowed.contains(0).then_some(0),
-    };
-    // `-w no|memmove` is oslat's busy-loop workload; ours is `--drain-workload`.
-    let mut drain = args.drain.clone();
-    drain.workload_flag = "--drain-workload";
-    let memmove = args.loop_workload.as_deref() == Some("memmove");
-    let spec = crate::drain::resolve_drain(&drain, &cpus, &measured, false)?;
-    if let Some(path) = &args.json {
-        validate::output_file("--json", path)?;
-    }
-    let trace_us = args
-        .trace
-        .as_deref()
-        .map(crate::probe_trace::threshold_us)
-        .transpose()?;
-    if trace_us.is_some() {
-        crate::trace::tracefs::preflight()?;
-    }
-    let rtprio = args.rtprio.map(|p| p as i32);
-    let duration = args.duration;
-    let quiet = args.quiet;
-    let mem = args.workload_mem.unwrap_or(WORKLOAD_MEM);
-
+    // What to measure: the CPUs, the main thread's, the busy loop, the load, the outputs.
+    let plan = Plan::new(args)?;
+    let mut sink = Sink::new(args.quiet);
     let start_time = rt::rt_timestamp();
-    let mut warnings = Warnings::default();
-    let _rt = rt::prepare(true, &mut warnings, quiet);
-    if !drain.isolate {
-        rt::check_isolation(&measured, &mut warnings, quiet);
-    }
-    let mut marker = args
-        .trace_threshold
-        .map(|_| TraceMarker::open(&mut warnings));
-    rt::catch_sigint(&mut warnings, quiet);
-    // After Ctrl-C is taken: a signal must not end the process before the guard restores.
-    let throttling_off = crate::drain::throttling_for_run(&drain, &mut warnings, quiet)?;
-    let throttling = RtThrottling::read(throttling_off.as_ref());
-    let isolation = crate::isolate::for_run(
-        drain.isolate,
-        &measured,
-        &cpus.allowed,
-        &mut warnings,
-        quiet,
-    )?;
+    // The set-up, held until the end.
+    let mut held = SetUp::hold(&plan, args, &mut sink)?;
     let calibration = Calibration::measure();
+    // oslat's lines before the run, the probe under the load, the trace beside it.
+    print_settings(&plan, args, &sink);
+    let measured = measure(&plan, args, calibration, &mut sink)?;
+    // A -T stop ends the run as oslat ends it; else the summary, ours, the JSON.
+    stop_at_threshold(args, &measured.run, &mut held, &sink)?;
+    report(&plan, args, &held, measured, start_time, &sink)
+}
 
+/// What `qpw-emu oslat` measures, where and how.
+struct Plan {
+    cpus: Cpus,
+    /// The measured CPUs (`-c`).
+    measured: CpuSet,
+    /// The main thread's CPU (`-C`; oslat's default 0 where the process may run).
+    main_cpu: Option<usize>,
+    /// The drain options, `--drain-workload` named as such.
+    drain: DrainArgs,
+    /// `-w memmove`: oslat's own busy-loop workload.
+    memmove: bool,
+    /// The drain load, if any.
+    spec: Option<DrainSpec>,
+    /// `--trace`'s threshold, in us.
+    trace_us: Option<f64>,
+    rtprio: Option<i32>,
+    duration: Duration,
+    /// `-m`: the memmove buffer.
+    mem: u64,
+}
+
+impl Plan {
+    /// The plan of `args`, or the first option that cannot be taken.
+    fn new(args: &OslatArgs) -> Result<Plan> {
+        let cpus = Cpus::read()?;
+        // A refused CPU comes after oslat's version line, as oslat prints it (and for -C its own
+        // line, with its range as 2.4 writes it); our reason follows on stderr.
+        let measured = match &args.cpu_list {
+            Some(list) => {
+                validate::cpu_list("--cpu-list", list, &cpus.allowed).inspect_err(|_| {
+                    println!("oslat V {RT_TESTS_VERSION}");
+                })?
+            }
+            None => cpus.allowed.clone(),
+        };
+        let main_cpu = match &args.cpu_main_thread {
+            Some(raw) => Some(
+                validate::cpu("--cpu-main-thread", raw, &cpus.allowed).inspect_err(|_| {
+                    println!("oslat V {RT_TESTS_VERSION}");
+                    let top = cpus.allowed.last().map_or(0, |c| c + 1);
+                    println!("Illegal core for main thread: {raw} (should be: 0-{top})");
+                })?,
+            ),
+            // oslat's default: cpu 0 (when the process may run there).
+            None => cpus.allowed.contains(0).then_some(0),
+        };
+        // `-w no|memmove` is oslat's busy-loop workload; ours is `--drain-workload`.
+        let mut drain = args.drain.clone();
+        drain.workload_flag = "--drain-workload";
+        let memmove = args.loop_workload.as_deref() == Some("memmove");
+        let spec = crate::drain::resolve_drain(&drain, &cpus, &measured, false)?;
+        if let Some(path) = &args.json {
+            validate::output_file("--json", path)?;
+        }
+        let trace_us = crate::probe_trace::threshold_checked(args.trace.as_deref())?;
+        let rtprio = args.rtprio.map(|p| p as i32);
+        let duration = args.duration;
+        let mem = args.workload_mem.unwrap_or(WORKLOAD_MEM);
+        Ok(Plan {
+            cpus,
+            measured,
+            main_cpu,
+            drain,
+            memmove,
+            spec,
+            trace_us,
+            rtprio,
+            duration,
+            mem,
+        })
+    }
+}
+
+/// What the run holds, put back when dropped, in the reverse of the order it was taken.
+struct SetUp {
+    /// `--isolate`.
+    isolation: Option<crate::isolate::Isolation>,
+    /// RT throttling as the run had it.
+    throttling: RtThrottling,
+    /// `--no-rt-throttling`.
+    _throttling_off: Option<crate::throttling::ThrottlingOff>,
+    /// `-T`'s trace marker.
+    marker: Option<TraceMarker>,
+    /// Memory locked, `cpu_dma_latency` held.
+    _rt: rt::RtGuard,
+}
+
+impl SetUp {
+    /// Takes what the run holds, in oslat's order, recording what fails in `sink`.
+    fn hold(plan: &Plan, args: &OslatArgs, sink: &mut Sink) -> Result<SetUp> {
+        let Plan {
+            ref cpus,
+            ref measured,
+            ref drain,
+            ..
+        } = *plan;
+        let guard = rt::prepare(true, sink);
+        if !drain.isolate {
+            rt::check_isolation(measured, sink);
+        }
+        let marker = args.trace_threshold.map(|_| TraceMarker::open(sink));
+        rt::catch_sigint(sink);
+        // After Ctrl-C is taken: a signal must not end the process before the guard restores.
+        let throttling_off = crate::drain::throttling_for_run(drain, sink)?;
+        let throttling = RtThrottling::read(throttling_off.as_ref());
+        let isolation = crate::isolate::for_run(drain.isolate, measured, &cpus.allowed, sink)?;
+        Ok(SetUp {
+            isolation,
+            throttling,
+            _throttling_off: throttling_off,
+            marker,
+            _rt: guard,
+        })
+    }
+}
+
+/// oslat's lines before the run: its version, and unless `-q` its settings (`dump_globals()`)
+/// and the pre-heat.
+fn print_settings(plan: &Plan, args: &OslatArgs, sink: &Sink) {
+    let Plan {
+        ref measured,
+        main_cpu,
+        memmove,
+        rtprio,
+        duration,
+        mem,
+        ..
+    } = *plan;
     println!("oslat V {RT_TESTS_VERSION}");
     if measured.contains(0) && rtprio.is_some() {
         println!("WARNING: Running SCHED_FIFO workload on CPU 0 may hang the thread");
@@ -108,7 +192,7 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     } else {
         measured.len()
     };
-    if !quiet {
+    if !sink.is_quiet() {
         let secs = duration.as_secs_f64();
         if duration.subsec_nanos() == 0 {
             println!("Total runtime: \t\t{} seconds", duration.as_secs());
@@ -133,9 +217,37 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         println!();
         println!("Pre-heat for 1 seconds...");
     }
+}
 
+/// What the probe measured, with the load's outcome and the trace's attribution.
+struct Measured {
+    cfg: OslatConfig,
+    run: OslatRun,
+    load: LoadAfter,
+    traced: Option<TraceFields>,
+}
+
+/// Runs the probe under the load, the trace beside it.
+fn measure(
+    plan: &Plan,
+    args: &OslatArgs,
+    calibration: Calibration,
+    sink: &mut Sink,
+) -> Result<Measured> {
+    let Plan {
+        ref cpus,
+        ref measured,
+        main_cpu,
+        memmove,
+        ref spec,
+        trace_us,
+        rtprio,
+        duration,
+        mem,
+        ..
+    } = *plan;
     let tracing = trace_us
-        .map(|_| crate::probe_trace::start_for_probe(&measured, &cpus, true))
+        .map(|_| crate::probe_trace::start_for_probe(measured, cpus, &Sink::new(true)))
         .transpose()?;
     let load = ProbeLoad::start(spec.as_ref())?;
     let cfg = OslatConfig {
@@ -152,24 +264,36 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
         // oslat stops at a gap whose rounded-up microseconds reach -T: floor(us) >= T - 1.
         trace_threshold_ns: args.trace_threshold.map(|us| (us - 1) * 1000),
         local_op: load.local_op(),
-        announce_start: !quiet,
-        quiet,
+        announce_start: !sink.is_quiet(),
+        quiet: sink.is_quiet(),
         label: "oslat".to_string(),
         progress_span: None,
         gap_log_ns: trace_us.map(|us| (us * 1000.0) as u64),
     };
     let run = oslat::run(&cfg, calibration, &load.phase);
-    let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), &mut warnings, quiet)?;
+    let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), sink)?;
     let traced = match (tracing, trace_us) {
         (Some(session), Some(us)) => Some(crate::probe_trace::attribute_oslat(
-            session,
-            &run,
-            us,
-            &mut warnings,
-            quiet,
+            session, &run, us, sink,
         )?),
         _ => None,
     };
+    Ok(Measured {
+        cfg,
+        run,
+        load,
+        traced,
+    })
+}
+
+/// `-T`: a gap past the threshold ends the run as oslat ends it, its message on stderr and
+/// exit status 1, after the trace marker.
+fn stop_at_threshold(
+    args: &OslatArgs,
+    run: &OslatRun,
+    held: &mut SetUp,
+    sink: &Sink,
+) -> Result<()> {
     if let Some((cpu, us)) = run.threshold_hit {
         let app = std::env::args_os()
             .next()
@@ -184,20 +308,44 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
             "{app}: Trace threshold ({threshold} us) triggered on cpu {cpu} with {us} us!\n\
              Stopping the test.\n"
         );
-        if let Some(m) = &mut marker {
+        if let Some(m) = &mut held.marker {
             m.mark(&line);
         }
         // rt-tests' two lines first on stderr; then what we have to say about the marker.
         eprint!("{line}");
-        if let Some(m) = &marker {
-            m.say_missing(quiet);
+        if let Some(m) = &held.marker {
+            m.say_missing(sink);
         }
         return Err(Exit(1).into());
     }
-    if let Some(m) = &marker {
-        m.say_missing(quiet);
+    Ok(())
+}
+
+/// oslat's summary and ours after it, then the JSON.
+fn report(
+    plan: &Plan,
+    args: &OslatArgs,
+    held: &SetUp,
+    measured: Measured,
+    start_time: String,
+    sink: &Sink,
+) -> Result<()> {
+    let Plan {
+        ref spec,
+        rtprio,
+        duration,
+        ..
+    } = *plan;
+    let Measured {
+        cfg,
+        run,
+        load,
+        traced,
+    } = measured;
+    if let Some(m) = &held.marker {
+        m.say_missing(sink);
     }
-    if !quiet {
+    if !sink.is_quiet() {
         println!("Test completed.");
         println!();
     }
@@ -211,7 +359,7 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     }
     if let Some(o) = &load.outcome {
         print_requester(o);
-        eprintln!("# qpw-emu {}", throttling.line());
+        eprintln!("# qpw-emu {}", held.throttling.line());
     }
     crate::probe_trace::print_after_tool(
         traced.as_ref(),
@@ -241,12 +389,12 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
             &load,
             run.figures(),
             settings,
-            &warnings,
+            sink,
             run.interrupted,
         );
         fields.trace = traced;
-        fields.rt_throttling = spec.is_some().then_some(throttling);
-        fields.isolation = isolation.as_ref().map(|i| i.report.clone());
+        fields.rt_throttling = spec.is_some().then_some(held.throttling.clone());
+        fields.isolation = held.isolation.as_ref().map(|i| i.report.clone());
         json::write(path, &oslat::oslat_json(&run, start_time, fields))?;
     }
     Ok(())

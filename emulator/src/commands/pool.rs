@@ -13,6 +13,7 @@ use serde::Serialize;
 use crate::cli::PoolArgs;
 use crate::json::{self, Envelope};
 use crate::rt;
+use crate::sink::Sink;
 use crate::validate;
 
 /// One hackbench run on one pool design.
@@ -122,16 +123,15 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
         };
     }
     let start_time = rt::rt_timestamp();
-    if !args.quiet {
-        eprintln!(
-            "qpw-emu pool: hackbench ({} fds per group, {} loops, {}s, AppArmor's hook on every \
+    let sink = Sink::new(args.quiet);
+    sink.say(format_args!(
+        "qpw-emu pool: hackbench ({} fds per group, {} loops, {}s, AppArmor's hook on every \
              read and write) on each design at {:?} groups, from qpw_workloads::pool::pool_figures",
-            config.fds,
-            config.loops,
-            config.transport.name(),
-            config.groups
-        );
-    }
+        config.fds,
+        config.loops,
+        config.transport.name(),
+        config.groups
+    ));
     let figures = pool::pool_figures(&config).context("pool figures")?;
     let j = pool_json(&figures);
     let mut s = String::new();

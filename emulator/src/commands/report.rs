@@ -14,7 +14,7 @@ use anyhow::{anyhow, Context, Result};
 use crate::cli::ReportArgs;
 use crate::json::{Buckets, CyclictestBody, Envelope, OslatBody, QpwFields};
 use crate::svg::{self, Series};
-use crate::table::{table, ThreadView, Tool};
+use crate::table::{table, Row, ThreadView, Tool};
 
 /// A result file, as far as the report needs it.
 enum Loaded {
@@ -376,9 +376,32 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
         crate::validate::output_dir("--out", out)?;
     }
     // Every file read and checked before anything is printed.
+    let (files, skipped) = read_all(&args.files)?;
+    let (rows, series, thresholds_used) = tabulate(&files, given);
+    for s in &skipped {
+        println!("skipped {s}: the summary of a `qpw-emu run` (its rows are the scenario files')");
+    }
+    print!("{}", table(&rows, None, None));
+    print_thresholds(&thresholds_used, given.is_some());
+    let written = write_plots(args, &series)?;
+    println!();
+    for p in written {
+        println!("wrote {}", p.display());
+    }
+    Ok(())
+}
+
+/// One file read: its name, our fields, and a view per measured CPU.
+type ReadFile = (String, QpwFields, Vec<ThreadView>);
+
+/// The plots' series, per tool.
+type SeriesByTool = [(Tool, Vec<Series>); 2];
+
+/// Every file of `paths`, read and checked; and the summaries of `qpw-emu run`, skipped.
+fn read_all(paths: &[PathBuf]) -> Result<(Vec<ReadFile>, Vec<String>)> {
     let mut files = Vec::new();
     let mut skipped = Vec::new();
-    for path in &args.files {
+    for path in paths {
         let stem = path.file_stem().map_or_else(
             || path.display().to_string(),
             |s| s.to_string_lossy().into_owned(),
@@ -396,6 +419,13 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
         };
         files.push((stem, q, views));
     }
+    Ok((files, skipped))
+}
+
+/// The table's rows (one per file and CPU), the plots' series, and the thresholds used for
+/// files without an idle-baseline count of their own (`given`, or per tool 10 x the quietest
+/// file's median), as `(tool, threshold's bits)`.
+fn tabulate(files: &[ReadFile], given: Option<f64>) -> (Vec<Row>, SeriesByTool, Vec<(Tool, u64)>) {
     // The threshold for files without our count: given, or per tool 10 x the quietest file's
     // median (at least 1 us), so that every file of a tool is held to the same one.
     let threshold = |tool: Tool| -> f64 {
@@ -412,7 +442,7 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
     let mut series: [(Tool, Vec<Series>); 2] =
         [(Tool::Oslat, Vec::new()), (Tool::Cyclictest, Vec::new())];
     let mut thresholds_used = Vec::new();
-    for (stem, q, vs) in &files {
+    for (stem, q, vs) in files {
         let label = series_label(stem, q);
         for v in vs {
             // A file of several CPUs: one row each, named apart.
@@ -434,13 +464,14 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
             }
         }
     }
-    for s in &skipped {
-        println!("skipped {s}: the summary of a `qpw-emu run` (its rows are the scenario files')");
-    }
-    print!("{}", table(&rows, None, None));
-    for (tool, bits) in &thresholds_used {
+    (rows, series, thresholds_used)
+}
+
+/// Says, under the table, which threshold counted the interruptions of which tool's files.
+fn print_thresholds(thresholds_used: &[(Tool, u64)], given: bool) {
+    for (tool, bits) in thresholds_used {
         let t = f64::from_bits(*bits);
-        let rule = if given.is_some() {
+        let rule = if given {
             "--threshold".to_string()
         } else {
             "10 x the smallest median among its files, at least 1 us; --threshold to set".into()
@@ -451,6 +482,11 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
             tool.name()
         );
     }
+}
+
+/// Writes a histogram and a CCDF per tool beside the first file (or in `--out`); returns the
+/// paths written.
+fn write_plots(args: &ReportArgs, series: &SeriesByTool) -> Result<Vec<PathBuf>> {
     let out: PathBuf = match &args.out {
         Some(d) => d.clone(),
         None => args
@@ -463,7 +499,7 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
     };
     crate::validate::output_dir("--out", &out)?;
     let mut written = Vec::new();
-    for (tool, list) in &series {
+    for (tool, list) in series {
         if list.is_empty() {
             continue;
         }
@@ -480,11 +516,7 @@ pub fn report_cmd(args: &ReportArgs) -> Result<()> {
             written.push(p);
         }
     }
-    println!();
-    for p in written {
-        println!("wrote {}", p.display());
-    }
-    Ok(())
+    Ok(written)
 }
 
 fn series_label(stem: &str, q: &QpwFields) -> String {

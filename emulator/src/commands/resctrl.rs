@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::cli::ResctrlArgs;
 use crate::json::{self, Envelope};
 use crate::rt;
+use crate::sink::Sink;
 use crate::validate;
 
 fn us(d: Duration) -> f64 {
@@ -184,15 +185,23 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
         crate::validate::output_file("--json", path)?;
     }
     let start_time = rt::rt_timestamp();
-    if !args.quiet {
-        eprintln!(
-            "qpw-emu resctrl: {} passes per read path, {} busy threads per loaded CPU, from \
+    let sink = Sink::new(args.quiet);
+    sink.say(format_args!(
+        "qpw-emu resctrl: {} passes per read path, {} busy threads per loaded CPU, from \
              qpw_workloads::resctrl::measure_read_paths",
-            config.passes, config.load.threads_per_cpu
-        );
-    }
+        config.passes, config.load.threads_per_cpu
+    ));
     let figures = resctrl::measure_read_paths(&config).context("resctrl figures")?;
     let j = resctrl_json(&figures);
+    print!("{}", text(&j));
+    if let Some(path) = &args.json {
+        json::write(path, &Envelope::succeeded(start_time, j))?;
+    }
+    Ok(())
+}
+
+/// The read paths side by side, as text.
+fn text(j: &ResctrlJson) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -266,9 +275,5 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
             j.violations
         );
     }
-    print!("{s}");
-    if let Some(path) = &args.json {
-        json::write(path, &Envelope::succeeded(start_time, j))?;
-    }
-    Ok(())
+    s
 }

@@ -1,8 +1,6 @@
 //! `qpw-emu trace -c CPUS -D T`: every source of noise on the CPUs, osnoise-style, beside a
 //! real oslat or cyclictest, from a private tracefs instance.
 
-use std::time::{Duration, Instant};
-
 use anyhow::Result;
 
 use crate::cli::TraceArgs;
@@ -11,7 +9,8 @@ use crate::cpus::Cpus;
 use crate::json::{self, Envelope};
 use crate::kernel::info::KernelInfo;
 use crate::probe_trace::{emit, health_line, note_health, start_for_probe, ticks_to_us};
-use crate::rt::{self, Warnings};
+use crate::rt;
+use crate::sink::Sink;
 use crate::trace::{self, CpuNoise, TraceHealth};
 use crate::validate;
 
@@ -61,20 +60,19 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
     if let Some(path) = &args.json {
         validate::output_file("--json", path)?;
     }
-    let quiet = args.quiet;
+    let mut sink = Sink::new(args.quiet);
     let start_time = rt::rt_timestamp();
-    let mut warnings = Warnings::default();
-    rt::catch_sigint(&mut warnings, quiet);
+    rt::catch_sigint(&mut sink);
     let kernel = KernelInfo::read();
-    if !quiet {
+    if !sink.is_quiet() {
         for l in kernel.lines() {
             println!("{l}");
         }
     }
     let cal = Calibration::measure();
-    let session = start_for_probe(&measured, &cpus, quiet)?;
+    let session = start_for_probe(&measured, &cpus, &sink)?;
     let _away = rt::AwayFrom::cpus(&measured);
-    if !quiet {
+    if !sink.is_quiet() {
         println!(
             "Tracing cpu(s) {measured} {}.",
             match duration {
@@ -83,22 +81,13 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
             }
         );
     }
-    let progress =
-        crate::progress::Progress::new("trace", duration.unwrap_or(Duration::MAX), quiet);
-    let start = Instant::now();
-    while duration.is_none_or(|d| start.elapsed() < d) && !rt::interrupted() {
-        if duration.is_some() {
-            progress.tick();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    progress.finish();
+    let start = crate::progress::wait_for("trace", duration, &sink);
     let seconds = start.elapsed().as_secs_f64();
     let traced = session.finish()?;
     let conv = ticks_to_us(&traced.clock, cal);
     let noise = traced.noise(probe, &conv);
     let health = traced.health();
-    note_health(&health, &mut warnings, quiet);
+    note_health(&health, &mut sink);
     let mut out = String::new();
     for n in &noise {
         trace::print_noise(&mut out, n, top);
@@ -114,7 +103,7 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
             kernel,
             health,
             noise,
-            warnings: warnings.list().to_vec(),
+            warnings: sink.warnings().to_vec(),
         };
         json::write(path, &Envelope::succeeded(start_time, body))?;
     }
