@@ -19,6 +19,15 @@ use common::{as_nobody, is_root};
 
 const WQ: &str = "/sys/devices/virtual/workqueue/cpumask";
 
+/// Held by each test for its whole run: the isolating test changes the workqueue cpumask (and
+/// more) system-wide while it runs, and the refusal test checks that the cpumask did not move.
+static SYSTEM: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// [`SYSTEM`], whatever a failed test left it as.
+fn system() -> std::sync::MutexGuard<'static, ()> {
+    SYSTEM.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// How long a wait for something a run must get to (its isolation, its partition) may last
 /// before it counts as a hang: far beyond what a busy machine needs, since it only decides
 /// when something is wrong.
@@ -303,6 +312,7 @@ fn movable_left_on(cpu: usize, except: u32) -> Vec<String> {
 
 #[test]
 fn isolate_is_refused_without_root_naming_what_it_would_change() {
+    let _system = system();
     let before = read(WQ);
     let mut cmd = emu(&["oslat", "--isolate", "-D", "1"]);
     as_nobody(&mut cmd);
@@ -334,6 +344,7 @@ fn isolate_is_refused_without_root_naming_what_it_would_change() {
 
 #[test]
 fn isolate_moves_everything_movable_and_puts_it_all_back_on_every_way_out() {
+    let _system = system();
     let Some(cpu) = target() else {
         eprintln!("one CPU: nowhere to move anything");
         return;
