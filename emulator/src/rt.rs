@@ -301,7 +301,7 @@ pub fn process_gone(pid: u32) -> bool {
 }
 
 /// The pid in a name `<prefix><pid><suffix>` (a path's last part).
-fn pid_in_name(path: &std::path::Path, prefix: &str, suffix: &str) -> Option<u32> {
+pub(crate) fn pid_in_name(path: &std::path::Path, prefix: &str, suffix: &str) -> Option<u32> {
     path.file_name()?
         .to_str()?
         .strip_prefix(prefix)?

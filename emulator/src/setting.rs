@@ -91,11 +91,7 @@ fn records_in(dir: &Path, kind: Kind) -> Vec<(PathBuf, Record, bool)> {
         .flatten()
         .filter_map(|e| {
             let path = e.path();
-            let name = path.file_name()?.to_str()?;
-            name.strip_prefix(kind.prefix())?
-                .strip_suffix(".json")?
-                .parse::<u32>()
-                .ok()?;
+            crate::rt::pid_in_name(&path, kind.prefix(), ".json")?;
             let r: Record = serde_json::from_str(&std::fs::read_to_string(&path).ok()?).ok()?;
             let gone = crate::rt::process_gone(r.pid);
             Some((path, r, gone))

@@ -629,6 +629,20 @@ impl KernelLoad {
     }
 }
 
+/// A kernel requester's start, whichever the drain: pinned to `cpu`, with its drain times and
+/// its report (no forced drains: the kernel decides whom it drains) still empty.
+fn start_requester(cpu: usize, rate_hz: f64) -> Result<(DrainTimes, RequesterReport)> {
+    qpw_core::pin_current_thread(cpu)
+        .with_context(|| format!("cannot pin the requester to cpu {cpu}"))?;
+    let report = RequesterReport {
+        cpu,
+        rate_hz,
+        force: false,
+        ..RequesterReport::default()
+    };
+    Ok((DrainTimes::new(), report))
+}
+
 fn requester(
     drain: KernelDrain,
     cpu: usize,
@@ -636,15 +650,7 @@ fn requester(
     shared: &std::sync::Mutex<(Option<Filler>, Option<MemCgroup>)>,
     phase: &Phase,
 ) -> Result<(RequesterReport, DrainTimes)> {
-    qpw_core::pin_current_thread(cpu)
-        .with_context(|| format!("cannot pin the requester to cpu {cpu}"))?;
-    let mut hist = DrainTimes::new();
-    let mut report = RequesterReport {
-        cpu,
-        rate_hz,
-        force: false,
-        ..RequesterReport::default()
-    };
+    let (mut hist, mut report) = start_requester(cpu, rate_hz)?;
     let trigger_path = match drain {
         KernelDrain::Lru => Some("/proc/sys/vm/compact_memory".to_string()),
         KernelDrain::Slub => Some(format!("/sys/kernel/slab/{SLAB_CACHE}/shrink")),

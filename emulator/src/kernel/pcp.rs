@@ -574,17 +574,9 @@ pub(super) fn requester(
     phase: &Phase,
     pool: &SharedPool,
 ) -> Result<(RequesterReport, DrainTimes)> {
-    qpw_core::pin_current_thread(cpu)
-        .with_context(|| format!("cannot pin the requester to cpu {cpu}"))?;
+    let (mut hist, mut report) = super::start_requester(cpu, rate_hz)?;
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
-    let mut hist = DrainTimes::new();
-    let mut report = RequesterReport {
-        cpu,
-        rate_hz,
-        force: false,
-        ..RequesterReport::default()
-    };
     let mut pcp = PcpReport {
         target_cpu: target,
         ..PcpReport::default()
