@@ -100,49 +100,47 @@ fn stderr_of(child: &mut std::process::Child) -> String {
     s
 }
 
-#[test]
-fn sighup_stops_a_run_in_order_and_puts_everything_back() {
-    let Some(cpu) = setup("sighup") else { return };
+/// A heavy oslat run of `seconds` on `cpu`, sent `sig` (named `name`) once set up, with its
+/// JSON in `dir`: its exit status, its standard error and its JSON's path, once it has been
+/// checked to have put RT throttling back and to have left nothing behind.
+fn signalled(
+    cpu: usize,
+    seconds: &str,
+    (sig, name): (libc::c_int, &str),
+    dir: &Path,
+) -> (std::process::ExitStatus, String, std::path::PathBuf) {
     let _one = SYSCTL.lock().unwrap_or_else(|e| e.into_inner());
     let before = sysctl();
     let _restore = Restore(before.clone());
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("o.json");
-    let mut child = heavy_oslat(cpu, "60", &json, true)
+    let json = dir.join("o.json");
+    let mut child = heavy_oslat(cpu, seconds, &json, true)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let pid = child.id();
     wait_until(&mut child, "the run's set-up", || set_up(pid));
-    signal(&child, libc::SIGHUP);
-    let status = wait_bounded(&mut child, "after SIGHUP");
+    signal(&child, sig);
+    let status = wait_bounded(&mut child, &format!("after {name}"));
     let stderr = stderr_of(&mut child);
-    assert_eq!(sysctl(), before, "RT throttling put back after SIGHUP");
+    assert_eq!(sysctl(), before, "RT throttling put back after {name}");
     assert_eq!(leftovers(pid), Vec::<String>::new(), "{stderr}");
+    (status, stderr, json)
+}
+
+#[test]
+fn sighup_stops_a_run_in_order_and_puts_everything_back() {
+    let Some(cpu) = setup("sighup") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (status, stderr, json) = signalled(cpu, "60", (libc::SIGHUP, "SIGHUP"), dir.path());
     ended_in_order(status, &stderr, &json, "SIGHUP");
 }
 
 #[test]
 fn a_sigpipe_is_ignored_and_the_run_goes_on_to_its_end() {
     let Some(cpu) = setup("sigpipe") else { return };
-    let _one = SYSCTL.lock().unwrap_or_else(|e| e.into_inner());
-    let before = sysctl();
-    let _restore = Restore(before.clone());
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("o.json");
-    let mut child = heavy_oslat(cpu, "3", &json, true)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    wait_until(&mut child, "the run's set-up", || set_up(pid));
-    signal(&child, libc::SIGPIPE);
-    let status = wait_bounded(&mut child, "after SIGPIPE");
-    let stderr = stderr_of(&mut child);
-    assert_eq!(sysctl(), before, "RT throttling put back after SIGPIPE");
-    assert_eq!(leftovers(pid), Vec::<String>::new(), "{stderr}");
+    let (status, stderr, json) = signalled(cpu, "3", (libc::SIGPIPE, "SIGPIPE"), dir.path());
     assert_eq!(status.code(), Some(0), "{status}: {stderr}");
     // Not a request to stop: the run measured its whole time.
     assert_eq!(read_json(&json)["interrupted"], false);
