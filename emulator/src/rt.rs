@@ -413,9 +413,9 @@ const NO_TRACE_MARKER: &str =
 
 impl TraceMarker {
     /// Opens the marker under `/sys/kernel/tracing` (or the older debugfs path); records a
-    /// warning when there is none, without saying it: the caller says it with
-    /// [`say_missing`](Self::say_missing) where it fits (oslat after rt-tests' own lines of a
-    /// threshold stop, which come first on stderr).
+    /// warning when there is none, deferred: the caller says it with
+    /// [`Sink::say_deferred`] where it fits (oslat after rt-tests' own lines of a threshold
+    /// stop, which come first on stderr).
     pub fn open(sink: &mut Sink) -> Self {
         for dir in ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"] {
             let marker = OpenOptions::new()
@@ -432,18 +432,10 @@ impl TraceMarker {
                 };
             }
         }
-        sink.keep(NO_TRACE_MARKER);
+        sink.defer(NO_TRACE_MARKER);
         Self {
             marker: None,
             tracing_on: None,
-        }
-    }
-
-    /// Says on stderr, unless the sink is quiet, the warning [`open`](Self::open) recorded when there is
-    /// no marker.
-    pub fn say_missing(&self, sink: &Sink) {
-        if self.marker.is_none() && !sink.is_quiet() {
-            eprintln!("warning: {NO_TRACE_MARKER}");
         }
     }
 

@@ -12,10 +12,10 @@ use crate::scenario::DrainSpec;
 use crate::cli::LoadArgs;
 use crate::cpus::Cpus;
 use crate::drain::{note_outcome, print_requester, resolve_drain, throttling_for_run};
-use crate::json::{self, Envelope};
+use crate::json::Envelope;
 use crate::rt;
 use crate::scenario;
-use crate::sink::Sink;
+use crate::sink::{JsonOut, Sink};
 use crate::throttling::RtThrottling;
 use crate::validate;
 
@@ -23,10 +23,8 @@ use crate::validate;
 /// Ctrl-C or `--duration`, the report.
 pub fn load_cmd(args: &LoadArgs) -> Result<()> {
     let (cpus, duration, free, spec) = plan(args)?;
-    let mut sink = Sink::new(args.quiet);
-    if let Some(path) = &args.json {
-        crate::validate::output_file("--json", path)?;
-    }
+    let json = JsonOut::checked("--json", args.json.as_deref())?;
+    let mut sink = Sink::new(args.quiet).with_json(json);
     let start_time = rt::rt_timestamp();
     let _rt = rt::prepare(true, &mut sink);
     rt::catch_sigint(&mut sink);
@@ -46,7 +44,7 @@ pub fn load_cmd(args: &LoadArgs) -> Result<()> {
     let outcome = setup.finish(free.first())?;
     note_outcome(&outcome, &mut sink);
     print_requester(&outcome);
-    if let Some(path) = &args.json {
+    if sink.wants_json() {
         let body = LoadBody {
             tool: "load".to_string(),
             mode: spec.mode.name().to_string(),
@@ -60,7 +58,7 @@ pub fn load_cmd(args: &LoadArgs) -> Result<()> {
             load: outcome.load.clone(),
             warnings: sink.warnings().to_vec(),
         };
-        json::write(path, &Envelope::succeeded(start_time, body))?;
+        sink.write_json(&Envelope::succeeded(start_time, body))?;
     }
     Ok(())
 }

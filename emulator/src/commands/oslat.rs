@@ -24,7 +24,7 @@ use crate::json::{self, Micros, Settings, TraceFields, RT_TESTS_VERSION};
 use crate::oslat::{self, OslatConfig, OslatRun, OslatThread};
 use crate::rt::{self, Exit, TraceMarker};
 use crate::scenario::DrainSpec;
-use crate::sink::Sink;
+use crate::sink::{JsonOut, Sink};
 use crate::throttling::RtThrottling;
 use crate::validate;
 
@@ -42,7 +42,7 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     }
     // What to measure: the CPUs, the main thread's, the busy loop, the load, the outputs.
     let plan = Plan::new(args)?;
-    let mut sink = Sink::new(args.quiet);
+    let mut sink = Sink::new(args.quiet).with_json(plan.json.clone());
     let start_time = rt::rt_timestamp();
     // The set-up, held until the end.
     let mut held = SetUp::hold(&plan, args, &mut sink)?;
@@ -51,8 +51,8 @@ pub fn oslat_cmd(args: &OslatArgs) -> Result<()> {
     print_settings(&plan, args, &sink);
     let measured = measure(&plan, args, calibration, &mut sink)?;
     // A -T stop ends the run as oslat ends it; else the summary, ours, the JSON.
-    stop_at_threshold(args, &measured.run, &mut held, &sink)?;
-    report(&plan, args, &held, measured, start_time, &sink)
+    stop_at_threshold(args, &measured.run, &mut held, &mut sink)?;
+    report(&plan, args, &held, measured, start_time, &mut sink)
 }
 
 /// What `qpw-emu oslat` measures, where and how.
@@ -74,6 +74,8 @@ struct Plan {
     duration: Duration,
     /// `-m`: the memmove buffer.
     mem: u64,
+    /// `--json`.
+    json: Option<JsonOut>,
 }
 
 impl Plan {
@@ -106,9 +108,7 @@ impl Plan {
         drain.workload_flag = "--drain-workload";
         let memmove = args.loop_workload.as_deref() == Some("memmove");
         let spec = crate::drain::resolve_drain(&drain, &cpus, &measured, false)?;
-        if let Some(path) = &args.json {
-            validate::output_file("--json", path)?;
-        }
+        let json = JsonOut::checked("--json", args.json.as_deref())?;
         let trace_us = crate::probe_trace::threshold_checked(args.trace.as_deref())?;
         let rtprio = args.rtprio.map(|p| p as i32);
         let duration = args.duration;
@@ -124,6 +124,7 @@ impl Plan {
             rtprio,
             duration,
             mem,
+            json,
         })
     }
 }
@@ -292,7 +293,7 @@ fn stop_at_threshold(
     args: &OslatArgs,
     run: &OslatRun,
     held: &mut SetUp,
-    sink: &Sink,
+    sink: &mut Sink,
 ) -> Result<()> {
     if let Some((cpu, us)) = run.threshold_hit {
         let app = std::env::args_os()
@@ -313,9 +314,7 @@ fn stop_at_threshold(
         }
         // rt-tests' two lines first on stderr; then what we have to say about the marker.
         eprint!("{line}");
-        if let Some(m) = &held.marker {
-            m.say_missing(sink);
-        }
+        sink.say_deferred();
         return Err(Exit(1).into());
     }
     Ok(())
@@ -328,7 +327,7 @@ fn report(
     held: &SetUp,
     measured: Measured,
     start_time: String,
-    sink: &Sink,
+    sink: &mut Sink,
 ) -> Result<()> {
     let Plan {
         ref spec,
@@ -342,9 +341,7 @@ fn report(
         load,
         traced,
     } = measured;
-    if let Some(m) = &held.marker {
-        m.say_missing(sink);
-    }
+    sink.say_deferred();
     if !sink.is_quiet() {
         println!("Test completed.");
         println!();
@@ -374,7 +371,7 @@ fn report(
             duration.as_secs_f64()
         );
     }
-    if let Some(path) = &args.json {
+    if sink.wants_json() {
         let settings = Settings {
             bucket_width_ns: args.bucket_width,
             bucket_size: cfg.bucket_size,
@@ -395,7 +392,7 @@ fn report(
         fields.trace = traced;
         fields.rt_throttling = spec.is_some().then_some(held.throttling.clone());
         fields.isolation = held.isolation.as_ref().map(|i| i.report.clone());
-        json::write(path, &oslat::oslat_json(&run, start_time, fields))?;
+        sink.write_json(&oslat::oslat_json(&run, start_time, fields))?;
     }
     Ok(())
 }

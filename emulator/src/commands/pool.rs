@@ -11,9 +11,9 @@ use qpw_workloads::pool::{self, PoolFigures, PoolFiguresConfig};
 use serde::Serialize;
 
 use crate::cli::PoolArgs;
-use crate::json::{self, Envelope};
+use crate::json::Envelope;
 use crate::rt;
-use crate::sink::Sink;
+use crate::sink::{JsonOut, Sink};
 use crate::validate;
 
 /// One hackbench run on one pool design.
@@ -112,9 +112,7 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
     if let Some(l) = &args.loops {
         config.loops = validate::int_in("--loops", l, 1, 100_000)? as usize;
     }
-    if let Some(path) = &args.json {
-        crate::validate::output_file("--json", path)?;
-    }
+    let json = JsonOut::checked("--json", args.json.as_deref())?;
     if let Some(t) = &args.transport {
         config.transport = match t.as_str() {
             "pipe" => pool::Transport::Pipe,
@@ -123,7 +121,7 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
         };
     }
     let start_time = rt::rt_timestamp();
-    let sink = Sink::new(args.quiet);
+    let sink = Sink::new(args.quiet).with_json(json);
     sink.say(format_args!(
         "qpw-emu pool: hackbench ({} fds per group, {} loops, {}s, AppArmor's hook on every \
              read and write) on each design at {:?} groups, from qpw_workloads::pool::pool_figures",
@@ -180,8 +178,5 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
         }
     }
     print!("{s}");
-    if let Some(path) = &args.json {
-        json::write(path, &Envelope::succeeded(start_time, j))?;
-    }
-    Ok(())
+    sink.write_json(&Envelope::succeeded(start_time, j))
 }

@@ -13,9 +13,9 @@ use qpw_workloads::resctrl::{self, FiguresConfig, ResctrlFigures};
 use serde::Serialize;
 
 use crate::cli::ResctrlArgs;
-use crate::json::{self, Envelope};
+use crate::json::Envelope;
 use crate::rt;
-use crate::sink::Sink;
+use crate::sink::{JsonOut, Sink};
 use crate::validate;
 
 fn us(d: Duration) -> f64 {
@@ -181,11 +181,9 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     if let Some(p) = &args.passes {
         config.passes = validate::int_in("--passes", p, 1, 1000)? as usize;
     }
-    if let Some(path) = &args.json {
-        crate::validate::output_file("--json", path)?;
-    }
+    let json = JsonOut::checked("--json", args.json.as_deref())?;
     let start_time = rt::rt_timestamp();
-    let sink = Sink::new(args.quiet);
+    let sink = Sink::new(args.quiet).with_json(json);
     sink.say(format_args!(
         "qpw-emu resctrl: {} passes per read path, {} busy threads per loaded CPU, from \
              qpw_workloads::resctrl::measure_read_paths",
@@ -194,10 +192,7 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     let figures = resctrl::measure_read_paths(&config).context("resctrl figures")?;
     let j = resctrl_json(&figures);
     print!("{}", text(&j));
-    if let Some(path) = &args.json {
-        json::write(path, &Envelope::succeeded(start_time, j))?;
-    }
-    Ok(())
+    sink.write_json(&Envelope::succeeded(start_time, j))
 }
 
 /// The read paths side by side, as text.

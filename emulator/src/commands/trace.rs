@@ -6,11 +6,11 @@ use anyhow::Result;
 use crate::cli::TraceArgs;
 use crate::clock::Calibration;
 use crate::cpus::Cpus;
-use crate::json::{self, Envelope};
+use crate::json::Envelope;
 use crate::kernel::info::KernelInfo;
 use crate::probe_trace::{emit, health_line, note_health, start_for_probe, ticks_to_us};
 use crate::rt;
-use crate::sink::Sink;
+use crate::sink::{JsonOut, Sink};
 use crate::trace::{self, CpuNoise, TraceHealth};
 use crate::validate;
 
@@ -57,10 +57,8 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
         }
     }
     let top = validate::int_in("--top", &args.top, 1, 1000)? as usize;
-    if let Some(path) = &args.json {
-        validate::output_file("--json", path)?;
-    }
-    let mut sink = Sink::new(args.quiet);
+    let json = JsonOut::checked("--json", args.json.as_deref())?;
+    let mut sink = Sink::new(args.quiet).with_json(json);
     let start_time = rt::rt_timestamp();
     rt::catch_sigint(&mut sink);
     let kernel = KernelInfo::read();
@@ -95,7 +93,7 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
     }
     health_line(&mut out, &health);
     emit(&out, "");
-    if let Some(path) = &args.json {
+    if sink.wants_json() {
         let body = TraceBody {
             tool: "trace".to_string(),
             cpus: measured.to_string(),
@@ -105,7 +103,7 @@ pub fn trace_cmd(args: &TraceArgs) -> Result<()> {
             noise,
             warnings: sink.warnings().to_vec(),
         };
-        json::write(path, &Envelope::succeeded(start_time, body))?;
+        sink.write_json(&Envelope::succeeded(start_time, body))?;
     }
     Ok(())
 }

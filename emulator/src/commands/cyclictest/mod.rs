@@ -35,9 +35,10 @@ const DEFAULT_SPIKE_NODES: u64 = 1024;
 /// threads under the load, the report.
 pub fn cyclictest_cmd(args: &CyclictestArgs) -> Result<()> {
     // What to measure: the threads, their CPUs, policies, intervals and sleep; the load; the
-    // outputs.
-    let plan = Plan::new(args)?;
-    let mut sink = Sink::new(args.quiet).with_verbose(args.verbose);
+    // outputs (cyclictest's warnings about its options said as it says them).
+    let sink = Sink::new(args.quiet).with_verbose(args.verbose);
+    let plan = Plan::new(args, &sink)?;
+    let mut sink = sink.with_json(plan.json.clone());
     let start_time = rt::rt_timestamp();
     // The set-up, held until the end.
     let mut held = SetUp::hold(&plan, args, &mut sink)?;

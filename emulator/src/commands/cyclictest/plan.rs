@@ -12,6 +12,7 @@ use crate::cli::{CyclictestArgs, RunLength};
 use crate::cpus::Cpus;
 use crate::cyclictest::{Align, Policy, SleepMode, ThreadSpec};
 use crate::scenario::DrainSpec;
+use crate::sink::{JsonOut, Sink};
 use crate::validate;
 
 /// cyclictest's `HIST_MAX`: larger `-h` values are cut to it.
@@ -48,23 +49,25 @@ pub(super) struct Plan {
     pub(super) sleep: SleepMode,
     pub(super) align: Align,
     pub(super) breaktrace: Option<u64>,
+    /// `--json`'s destination, checked writable.
+    pub(super) json: Option<JsonOut>,
 }
 
 impl Plan {
     /// The plan of `args`, or the first option that cannot be taken.
-    pub(super) fn new(args: &CyclictestArgs) -> Result<Plan> {
+    pub(super) fn new(args: &CyclictestArgs, sink: &Sink) -> Result<Plan> {
         crate::cli::note_stray("cyclictest", &args.stray);
         refuse(args)?;
         let cpus = Cpus::read()?;
         // Which CPUs, how many threads.
-        let (set, explicit_set, nthreads) = threads(args, &cpus)?;
+        let (set, explicit_set, nthreads) = threads(args, &cpus, sink)?;
         let (policy, priority) = policy(args, nthreads)?;
-        let (histogram, distance) = histogram_and_distance(args);
+        let (histogram, distance) = histogram_and_distance(args, sink);
         let specs = thread_specs(args, &set, nthreads, policy, priority, distance);
         let policy_label = policy_label(policy, priority);
         let measured: CpuSet = specs.iter().map(|s| s.cpu).collect();
         let spec = crate::drain::resolve_drain(&args.drain, &cpus, &measured, false)?;
-        check_outputs(args)?;
+        let json = check_outputs(args)?;
         let trace_us = crate::probe_trace::threshold_checked(args.trace.as_deref())?;
         let main_cpus = match &args.mainaffinity {
             Some(raw) => Some(validate::cpu_list("--mainaffinity", raw, &cpus.allowed)?),
@@ -79,7 +82,7 @@ impl Plan {
         } else {
             libc::CLOCK_MONOTONIC
         };
-        let sleep = sleep_mode(args);
+        let sleep = sleep_mode(args, sink);
         let align = align(args);
         let breaktrace = args.breaktrace.filter(|&b| b > 0);
 
@@ -102,6 +105,7 @@ impl Plan {
             sleep,
             align,
             breaktrace,
+            json,
         })
     }
 }
@@ -125,13 +129,13 @@ fn refuse(args: &CyclictestArgs) -> Result<()> {
 }
 
 /// The CPUs the threads go to, whether `-a` named them, and how many threads (`-t`, `-S`).
-fn threads(args: &CyclictestArgs, cpus: &Cpus) -> Result<(CpuSet, bool, usize)> {
+fn threads(args: &CyclictestArgs, cpus: &Cpus, sink: &Sink) -> Result<(CpuSet, bool, usize)> {
     Ok(if args.smp {
         if args.threads.is_some() {
-            eprintln!("WARN: -t ignored due to smp mode");
+            sink.tool_warn(format_args!("-t ignored due to smp mode"));
         }
         if args.affinity.is_some() {
-            eprintln!("WARN: -a ignored due to smp mode");
+            sink.tool_warn(format_args!("-a ignored due to smp mode"));
         }
         (cpus.allowed.clone(), false, cpus.allowed.len())
     } else {
@@ -174,13 +178,15 @@ fn policy(args: &CyclictestArgs, nthreads: usize) -> Result<(Policy, i32)> {
 
 /// `-h`/`-H`'s buckets (cut to `HIST_MAX`) and the distance between the threads' intervals
 /// (0 with a histogram).
-fn histogram_and_distance(args: &CyclictestArgs) -> (Option<usize>, u64) {
+fn histogram_and_distance(args: &CyclictestArgs, sink: &Sink) -> (Option<usize>, u64) {
     let histogram = args
         .histogram
         .or(args.histofall)
         .map(|h| h.min(HIST_MAX) as usize);
     if histogram.is_some() && args.distance.is_some() {
-        eprintln!("WARN: distance is ignored and set to 0, if histogram enabled");
+        sink.tool_warn(format_args!(
+            "distance is ignored and set to 0, if histogram enabled"
+        ));
     }
     let distance = if histogram.is_some() {
         0
@@ -233,17 +239,16 @@ fn policy_label(policy: Policy, priority: i32) -> String {
 }
 
 /// The outputs checked before the run: no busy-loop workload of oslat's, the files
-/// writable, `-F` not a directory.
-fn check_outputs(args: &CyclictestArgs) -> Result<()> {
+/// writable, `-F` not a directory; the JSON's destination.
+fn check_outputs(args: &CyclictestArgs) -> Result<Option<JsonOut>> {
     if let Some(w) = args.drain.workload.as_deref() {
         if w == "memmove" || w == "no" {
             bail!("--workload {w}: oslat's busy-loop workloads belong to `qpw-emu oslat`");
         }
     }
-    for (flag, path) in [("--json", &args.json), ("--histfile", &args.histfile)] {
-        if let Some(path) = path {
-            validate::output_file(flag, path)?;
-        }
+    let json = JsonOut::checked("--json", args.json.as_deref())?;
+    if let Some(path) = &args.histfile {
+        validate::output_file("--histfile", path)?;
     }
     if let Some(path) = &args.fifo {
         if path.is_dir() {
@@ -253,17 +258,17 @@ fn check_outputs(args: &CyclictestArgs) -> Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(json)
 }
 
 /// How the threads sleep (`-s`, `--posix_timers`, `-r`), with cyclictest's warning when
 /// `-s` and `--posix_timers` are both given.
-fn sleep_mode(args: &CyclictestArgs) -> SleepMode {
+fn sleep_mode(args: &CyclictestArgs, sink: &Sink) -> SleepMode {
     match (args.system, args.posix_timers, args.relative) {
         (true, true, _) => {
-            eprintln!("WARN: The system option requires clock_nanosleep");
-            eprintln!("WARN: and is not compatible with posix_timers");
-            eprintln!("WARN: Using clock_nanosleep");
+            sink.tool_warn(format_args!("The system option requires clock_nanosleep"));
+            sink.tool_warn(format_args!("and is not compatible with posix_timers"));
+            sink.tool_warn(format_args!("Using clock_nanosleep"));
             SleepMode::Nanosleep
         }
         (true, false, _) => SleepMode::Nanosleep,

@@ -3,7 +3,6 @@
 //! break; then our own figures on stderr.
 
 use std::io::Write;
-use std::path::Path;
 
 use anyhow::{Context, Result};
 
@@ -11,7 +10,7 @@ use crate::cli::CyclictestArgs;
 use crate::cyclictest::{self, CyclicConfig, CyclicRun, ThreadSpec};
 use crate::drain::{print_requester, qpw_fields};
 use crate::json::{
-    self, Buckets, CyclictestBody, CyclictestThreadJson, Envelope, Indexed, QpwFields, Settings,
+    Buckets, CyclictestBody, CyclictestThreadJson, Envelope, Indexed, QpwFields, Settings,
 };
 use crate::sink::Sink;
 
@@ -29,8 +28,8 @@ pub(super) fn report(
     sink: &Sink,
 ) -> Result<()> {
     // cyclictest writes its JSON before the final lines.
-    if let Some(path) = &args.json {
-        write_json(path, plan, args, held, &measured, start_time, sink)?;
+    if sink.wants_json() {
+        write_json(plan, args, held, &measured, start_time, sink)?;
     }
     let Plan {
         histogram,
@@ -108,9 +107,8 @@ pub(super) fn report(
     Ok(())
 }
 
-/// The rt-tests JSON of the run, with our fields, to `path`.
+/// The rt-tests JSON of the run, with our fields, where `--json` said.
 fn write_json(
-    path: &Path,
     plan: &Plan,
     args: &CyclictestArgs,
     held: &SetUp,
@@ -155,8 +153,7 @@ fn write_json(
     fields.rt_throttling = spec.is_some().then_some(held.throttling.clone());
     fields.isolation = held.isolation.as_ref().map(|i| i.report.clone());
     let doc = cyclictest_json(run, cfg, start_time, fields);
-    json::write(path, &doc)?;
-    Ok(())
+    sink.write_json(&doc)
 }
 
 /// The `T:` line from a thread's final figures.

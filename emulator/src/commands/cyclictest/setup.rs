@@ -60,10 +60,12 @@ impl SetUp {
         }
         let mut guard = rt::prepare(args.mlockall, sink);
         if args.laptop {
-            eprintln!("WARN: not setting cpu_dma_latency to save battery power");
+            sink.tool_warn(format_args!(
+                "not setting cpu_dma_latency to save battery power"
+            ));
             guard.set_dma_latency(None, sink);
         } else if args.default_system {
-            eprintln!("WARN: not setting cpu_dma_latency from cyclictest");
+            sink.tool_warn(format_args!("not setting cpu_dma_latency from cyclictest"));
             guard.set_dma_latency(None, sink);
         } else if let Some(v) = args.latency {
             guard.set_dma_latency(Some(v as i32), sink);
@@ -79,11 +81,11 @@ impl SetUp {
         }
         let marker = (breaktrace.is_some() && args.tracemark).then(|| {
             let marker = TraceMarker::open(sink);
-            marker.say_missing(sink);
+            sink.say_deferred();
             marker
         });
         if args.resolution {
-            check_resolution(clock, sink.is_verbose(), args.dbg_cyclictest);
+            check_resolution(clock, sink, args.dbg_cyclictest);
         }
         rt::catch_sigint(sink);
         // After Ctrl-C is taken: a signal must not end the process before the guard restores.
@@ -120,7 +122,7 @@ impl SetUp {
 
 /// cyclictest's `-R`: reads the clock back to back and says when the measured resolution is
 /// coarser than the reported one (always with `-v`); `--dbg_cyclictest` lists the readings.
-fn check_resolution(clock: libc::clockid_t, verbose: bool, list: bool) {
+fn check_resolution(clock: libc::clockid_t, sink: &Sink, list: bool) {
     let mut res = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -129,7 +131,7 @@ fn check_resolution(clock: libc::clockid_t, verbose: bool, list: bool) {
     let reported = if unsafe { libc::clock_getres(clock, &mut res) } == 0 {
         res.tv_sec as u64 * 1_000_000_000 + res.tv_nsec as u64
     } else {
-        eprintln!("WARN: clock_getres failed");
+        sink.tool_warn(format_args!("clock_getres failed"));
         u64::MAX
     };
     let times: Vec<u64> = (0..10_000).map(|_| crate::clock::clock_ns(clock)).collect();
@@ -147,8 +149,10 @@ fn check_resolution(clock: libc::clockid_t, verbose: bool, list: bool) {
             min_diff = min_diff.min(d);
         }
     }
-    if verbose || (min_diff != u64::MAX && min_diff > reported) {
-        eprintln!("WARN: reported clock resolution: {reported} nsec");
-        eprintln!("WARN: measured clock resolution approximately: {min_diff} nsec");
+    if sink.is_verbose() || (min_diff != u64::MAX && min_diff > reported) {
+        sink.tool_warn(format_args!("reported clock resolution: {reported} nsec"));
+        sink.tool_warn(format_args!(
+            "measured clock resolution approximately: {min_diff} nsec"
+        ));
     }
 }

@@ -27,9 +27,7 @@ impl Ctx {
         for n in &self.notes {
             println!("note: {n}");
         }
-        for w in self.sink.warnings() {
-            println!("warning: {w}");
-        }
+        self.sink.print_warnings();
         println!("\nResults: {}", self.out.display());
         println!("  {}", self.out.join("summary.json").display());
         for f in &self.files {
