@@ -18,12 +18,17 @@ const ENTRY_LINES: usize = 80;
 
 /// The functions the issue names besides the commands' entry functions: `(file or directory
 /// below src/, function)`.
-const NAMED: [(&str, &str); 5] = [
+const NAMED: [(&str, &str); 10] = [
     ("commands/run", "conclude"),
     ("isolate", "isolate"),
     ("table", "table"),
     ("cyclictest", "thread_main"),
     ("oslat", "thread_main"),
+    ("commands/run/attribution", "attribute_round"),
+    ("commands/run/attribution", "print_attribution"),
+    ("commands/run/round", "run_round"),
+    ("commands/run/files", "document"),
+    ("trace/timeline", "push"),
 ];
 
 /// Entry functions still over [`ENTRY_LINES`], each with its length when this list was last

@@ -134,6 +134,48 @@ impl Timeline {
             *cpu.pending_lost.get_or_insert(0) += count;
             return;
         }
+        let (task, ctx_id, switched_to) = self.intern_event(e);
+        let cpu = self.cpus.entry(e.cpu).or_default();
+        let ts = e.ts;
+        cpu.begin_event(ts, task);
+        match &e.kind {
+            Kind::Switch { prev_pid, .. } => cpu.switch(ts, *prev_pid, switched_to),
+            Kind::WorkStart { function } => {
+                cpu.open_work = Some((ts, e.pid, function.clone()));
+            }
+            Kind::WorkEnd { function } => cpu.work_end(ts, e.pid, function),
+            Kind::Enter(c) => {
+                cpu.close(ts);
+                if let Some(id) = ctx_id {
+                    cpu.stack.push((c.clone(), id));
+                }
+            }
+            Kind::Exit(c) => {
+                if !cpu.exit(ts, c) {
+                    self.exit_unopened(e.cpu, ts, c);
+                }
+            }
+            Kind::TimerExpire { function } => {
+                *cpu.timers.entry(function.clone()).or_default() += 1;
+            }
+            Kind::TickStop {
+                success: false,
+                dependency,
+            } => {
+                *cpu.tick_kept.entry(dependency.clone()).or_default() += 1;
+            }
+            Kind::TickStop { success: true, .. } => {}
+            Kind::Lost { .. }
+            | Kind::Other { .. }
+            | Kind::PcpDrain { .. }
+            | Kind::WorkQueued { .. } => {}
+        }
+    }
+
+    /// The sources event `e` names, interned: its own task, the context it enters (if it is an
+    /// entry) and the task switched to (if it is a switch).
+    #[inline]
+    fn intern_event(&mut self, e: &Event) -> (u32, Option<u32>, Option<u32>) {
         let task = self.intern(Source::Task {
             pid: e.pid,
             comm: e.comm.clone(),
@@ -153,106 +195,28 @@ impl Timeline {
             })),
             _ => None,
         };
-        let cpu = self.cpus.entry(e.cpu).or_default();
-        let ts = e.ts;
-        if cpu.first.is_none() {
-            cpu.first = Some(ts);
-            cpu.since = ts;
-            cpu.task = Some(task);
+        (task, ctx_id, switched_to)
+    }
+
+    /// An exit from context `c` on `cpu` at `ts` with none of its kind open: it began before
+    /// the window (or before events were lost), so the time since the last change is
+    /// relabelled as this context.
+    #[cold]
+    fn exit_unopened(&mut self, cpu: usize, ts: u64, c: &Context) {
+        let label = match c {
+            Context::Irq(n) if n.is_empty() => Context::Irq("?".into()),
+            other => other.clone(),
+        };
+        let id = self.intern(Source::Ctx(label));
+        let cpu = self.cpus.get_mut(&cpu).expect("just inserted");
+        if ts > cpu.since {
+            cpu.segments.push(Segment {
+                start: cpu.since,
+                end: ts,
+                source: id,
+            });
         }
-        if let Some(count) = cpu.pending_lost.take() {
-            cpu.lost.push((cpu.last, ts, count));
-            // What ran in between is unknown: start afresh from this event.
-            cpu.stack.clear();
-            cpu.open_work = None;
-            cpu.since = ts;
-            cpu.task = Some(task);
-        }
-        cpu.last = cpu.last.max(ts);
-        // The event's own task is current (outside interrupt contexts, it is the owner).
-        if cpu.stack.is_empty() && cpu.task != Some(task) && !matches!(e.kind, Kind::Lost { .. }) {
-            cpu.close(ts);
-            cpu.task = Some(task);
-        }
-        match &e.kind {
-            Kind::Switch { prev_pid, .. } => {
-                cpu.close(ts);
-                if let Some((start, pid, function)) = cpu.open_work.take() {
-                    if pid == *prev_pid {
-                        cpu.work.push(WorkRun {
-                            start,
-                            end: ts,
-                            pid,
-                            function,
-                        });
-                    }
-                }
-                cpu.task = switched_to;
-            }
-            Kind::WorkStart { function } => {
-                cpu.open_work = Some((ts, e.pid, function.clone()));
-            }
-            Kind::WorkEnd { function } => {
-                let (start, pid) = match cpu.open_work.take() {
-                    Some((s, p, _)) => (s, p),
-                    None => (cpu.first.unwrap_or(ts), e.pid),
-                };
-                cpu.work.push(WorkRun {
-                    start,
-                    end: ts,
-                    pid,
-                    function: function.clone(),
-                });
-            }
-            Kind::Enter(c) => {
-                cpu.close(ts);
-                if let Some(id) = ctx_id {
-                    cpu.stack.push((c.clone(), id));
-                }
-            }
-            Kind::Exit(c) => {
-                // Pair with the innermost open context of the same kind (an IRQ exit names
-                // only the number); none open means it began before the window.
-                let pos = cpu.stack.iter().rposition(|(open, _)| same_kind(open, c));
-                match pos {
-                    Some(p) => {
-                        cpu.close(ts);
-                        cpu.stack.truncate(p);
-                    }
-                    None => {
-                        // Relabel the time since the last change as this context.
-                        let label = match c {
-                            Context::Irq(n) if n.is_empty() => Context::Irq("?".into()),
-                            other => other.clone(),
-                        };
-                        let id = self.intern(Source::Ctx(label));
-                        let cpu = self.cpus.get_mut(&e.cpu).expect("just inserted");
-                        if ts > cpu.since {
-                            cpu.segments.push(Segment {
-                                start: cpu.since,
-                                end: ts,
-                                source: id,
-                            });
-                        }
-                        cpu.since = ts;
-                    }
-                }
-            }
-            Kind::TimerExpire { function } => {
-                *cpu.timers.entry(function.clone()).or_default() += 1;
-            }
-            Kind::TickStop {
-                success: false,
-                dependency,
-            } => {
-                *cpu.tick_kept.entry(dependency.clone()).or_default() += 1;
-            }
-            Kind::TickStop { success: true, .. } => {}
-            Kind::Lost { .. }
-            | Kind::Other { .. }
-            | Kind::PcpDrain { .. }
-            | Kind::WorkQueued { .. } => {}
-        }
+        cpu.since = ts;
     }
 
     /// Closes every CPU's open segment at its last event.
@@ -442,6 +406,81 @@ fn same_kind(open: &Context, exit: &Context) -> bool {
 }
 
 impl CpuTimeline {
+    /// The bookkeeping every event (but a lost-events record) does before its own effect, at
+    /// `ts` by `task`: the CPU's first event starts its timeline; the first after lost events
+    /// records the lost span and starts afresh; outside interrupt contexts, the event's own
+    /// task is the owner.
+    #[inline]
+    fn begin_event(&mut self, ts: u64, task: u32) {
+        if self.first.is_none() {
+            self.first = Some(ts);
+            self.since = ts;
+            self.task = Some(task);
+        }
+        if let Some(count) = self.pending_lost.take() {
+            self.lost.push((self.last, ts, count));
+            // What ran in between is unknown: start afresh from this event.
+            self.stack.clear();
+            self.open_work = None;
+            self.since = ts;
+            self.task = Some(task);
+        }
+        self.last = self.last.max(ts);
+        // The event's own task is current (outside interrupt contexts, it is the owner).
+        if self.stack.is_empty() && self.task != Some(task) {
+            self.close(ts);
+            self.task = Some(task);
+        }
+    }
+
+    /// A context switch at `ts` from `prev_pid` to the task `next` (interned): the work item
+    /// open in `prev_pid` ends here.
+    #[inline]
+    fn switch(&mut self, ts: u64, prev_pid: i32, next: Option<u32>) {
+        self.close(ts);
+        if let Some((start, pid, function)) = self.open_work.take() {
+            if pid == prev_pid {
+                self.work.push(WorkRun {
+                    start,
+                    end: ts,
+                    pid,
+                    function,
+                });
+            }
+        }
+        self.task = next;
+    }
+
+    /// The end at `ts` of the work item `function` run by `pid`: one that started before the
+    /// window is taken to have started at the CPU's first event.
+    #[inline]
+    fn work_end(&mut self, ts: u64, pid: i32, function: &str) {
+        let (start, pid) = match self.open_work.take() {
+            Some((s, p, _)) => (s, p),
+            None => (self.first.unwrap_or(ts), pid),
+        };
+        self.work.push(WorkRun {
+            start,
+            end: ts,
+            pid,
+            function: function.to_string(),
+        });
+    }
+
+    /// An exit from context `c` at `ts`, paired with the innermost open context of the same
+    /// kind (an IRQ exit names only the number); false when none is open.
+    #[inline]
+    fn exit(&mut self, ts: u64, c: &Context) -> bool {
+        match self.stack.iter().rposition(|(open, _)| same_kind(open, c)) {
+            Some(p) => {
+                self.close(ts);
+                self.stack.truncate(p);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Ends the current owner's segment at `ts`.
     fn close(&mut self, ts: u64) {
         let owner = self.stack.last().map(|(_, id)| *id).or(self.task);

@@ -81,68 +81,14 @@ struct Summary {
 impl Ctx {
     /// A scenario's JSON document, from what it has accumulated.
     pub(super) fn document(&self, acc: &Acc) -> crate::json::Envelope<crate::json::OslatBody> {
-        let threshold = self.threshold();
-        let baseline = self.baseline_rate();
-        let seconds = acc.seconds.max(1e-9);
-        let interruptions = threshold.map(|(ns, rule)| {
-            let count = acc.hist.count_at_least(ns);
-            let excess = count as f64 - baseline * seconds;
-            let by_round = self.excess_by_round(acc, ns, baseline);
-            let known: Vec<f64> = by_round.iter().flatten().copied().collect();
-            let se = (known.len() >= 2).then(|| {
-                let n = known.len() as f64;
-                let mean = known.iter().sum::<f64>() / n;
-                let var = known.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
-                (var / n).sqrt()
-            });
-            Interruptions {
-                threshold_us: ns as f64 / 1000.0,
-                rule,
-                count,
-                per_second: count as f64 / seconds,
-                baseline_per_second: baseline,
-                during_local_op: acc.op_hist.count_at_least(ns),
-                drains_reaching_target: acc.target_drains,
-                // Pooled over the run only where the rounds give a figure too.
-                excess_per_drain: (acc.target_drains > 0 && !known.is_empty())
-                    .then(|| excess / acc.target_drains as f64),
-                excess_per_drain_median: median(known.iter()),
-                excess_per_drain_se: se,
-                excess_per_drain_by_round: by_round,
-                per_second_at_us: rates_at_thresholds(acc),
-            }
-        });
-        let per_drain =
-            |switches: u64, drains: u64| (drains > 0).then(|| switches as f64 / drains as f64);
-        let preemptions_by_round: Vec<Option<f64>> = acc
-            .by_round
-            .iter()
-            .map(|part| per_drain(part.probe_switches, part.target_drains))
-            .collect();
-        let probe_preemptions = ProbePreemptions {
-            count: acc.probe_switches,
-            voluntary: acc.probe_voluntary,
-            drains_reaching_target: acc.target_drains,
-            per_drain: per_drain(acc.probe_switches + acc.probe_voluntary, acc.target_drains),
-            per_drain_median: median(preemptions_by_round.iter().flatten()),
-            per_drain_by_round: preemptions_by_round,
-        };
         let spec_mode = (acc.rate > 0.0).then(|| acc.mode.name().to_string());
-        let settings = Settings {
-            bucket_width_ns: GAP_WIDTH_NS,
-            bucket_size: GAP_BUCKETS,
-            duration_s: self.chunk.as_secs_f64() * f64::from(acc.rounds),
-            rtprio: self.rtprio,
-            local_op_every_us: Some(acc.every.unwrap_or(self.every).as_secs_f64() * 1e6),
-            interval_us: None,
-        };
         let fields = QpwFields {
             tool: "oslat".to_string(),
             scenario: Some(acc.name.clone()),
             mode: spec_mode,
             workload: Some(acc.workload.name().to_string()),
             qpw: Some(acc.qpw_desc.clone()),
-            settings: Some(settings),
+            settings: Some(self.settings(acc)),
             percentiles: vec![ThreadFigures::of(
                 self.target,
                 &acc.hist,
@@ -150,8 +96,8 @@ impl Ctx {
                 acc.local_op_errors,
             )
             .with_op_time(&acc.op_time)],
-            interruptions,
-            probe_preemptions: Some(probe_preemptions),
+            interruptions: self.interruptions(acc),
+            probe_preemptions: Some(probe_preemptions(acc)),
             requester: acc.requester.as_ref().map(|r| r.0.clone()),
             rt_throttling: Some(crate::throttling::RtThrottling::read(None)),
             isolation: self
@@ -164,7 +110,56 @@ impl Ctx {
             warnings: self.sink.warnings().to_vec(),
             trace: None,
         };
-        let run = OslatRun {
+        oslat_json(&self.probe_run(acc), self.start_time.clone(), fields)
+    }
+
+    /// A scenario's interruptions at the threshold (none before the idle baseline has measured
+    /// something): their rate, and the excess over the idle baseline per drain, pooled over
+    /// the run and round by round.
+    fn interruptions(&self, acc: &Acc) -> Option<Interruptions> {
+        let baseline = self.baseline_rate();
+        let seconds = acc.seconds.max(1e-9);
+        self.threshold().map(|(ns, rule)| {
+            let count = acc.hist.count_at_least(ns);
+            let excess = count as f64 - baseline * seconds;
+            let by_round = self.excess_by_round(acc, ns, baseline);
+            let known: Vec<f64> = by_round.iter().flatten().copied().collect();
+            Interruptions {
+                threshold_us: ns as f64 / 1000.0,
+                rule,
+                count,
+                per_second: count as f64 / seconds,
+                baseline_per_second: baseline,
+                during_local_op: acc.op_hist.count_at_least(ns),
+                drains_reaching_target: acc.target_drains,
+                // Pooled over the run only where the rounds give a figure too.
+                excess_per_drain: (acc.target_drains > 0 && !known.is_empty())
+                    .then(|| excess / acc.target_drains as f64),
+                excess_per_drain_median: median(known.iter()),
+                excess_per_drain_se: standard_error(&known),
+                excess_per_drain_by_round: by_round,
+                per_second_at_us: rates_at_thresholds(acc),
+            }
+        })
+    }
+
+    /// The probe's settings in a scenario: its histogram, its time over the rounds, its
+    /// priority and its local operation's period.
+    fn settings(&self, acc: &Acc) -> Settings {
+        Settings {
+            bucket_width_ns: GAP_WIDTH_NS,
+            bucket_size: GAP_BUCKETS,
+            duration_s: self.chunk.as_secs_f64() * f64::from(acc.rounds),
+            rtprio: self.rtprio,
+            local_op_every_us: Some(acc.every.unwrap_or(self.every).as_secs_f64() * 1e6),
+            interval_us: None,
+        }
+    }
+
+    /// A scenario's accumulated figures as the run of one probe thread on the target, in the
+    /// shape the oslat JSON is written from.
+    fn probe_run(&self, acc: &Acc) -> OslatRun {
+        OslatRun {
             threads: vec![crate::oslat::OslatThread {
                 cpu: self.target,
                 hist: acc.hist.clone(),
@@ -186,8 +181,7 @@ impl Ctx {
             bias_ns: None,
             interrupted: false,
             warnings: Vec::new(),
-        };
-        oslat_json(&run, self.start_time.clone(), fields)
+        }
     }
 
     /// Writes every scenario's JSON, the summary and the plots.
@@ -303,6 +297,36 @@ impl Ctx {
         }
         Ok(())
     }
+}
+
+/// The probe's context switches in a scenario, per drain that reached the target: pooled over
+/// the run and round by round.
+fn probe_preemptions(acc: &Acc) -> ProbePreemptions {
+    let per_drain =
+        |switches: u64, drains: u64| (drains > 0).then(|| switches as f64 / drains as f64);
+    let preemptions_by_round: Vec<Option<f64>> = acc
+        .by_round
+        .iter()
+        .map(|part| per_drain(part.probe_switches, part.target_drains))
+        .collect();
+    ProbePreemptions {
+        count: acc.probe_switches,
+        voluntary: acc.probe_voluntary,
+        drains_reaching_target: acc.target_drains,
+        per_drain: per_drain(acc.probe_switches + acc.probe_voluntary, acc.target_drains),
+        per_drain_median: median(preemptions_by_round.iter().flatten()),
+        per_drain_by_round: preemptions_by_round,
+    }
+}
+
+/// The standard error of the mean of `values` (none for fewer than two).
+fn standard_error(values: &[f64]) -> Option<f64> {
+    (values.len() >= 2).then(|| {
+        let n = values.len() as f64;
+        let mean = values.iter().sum::<f64>() / n;
+        let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+        (var / n).sqrt()
+    })
 }
 
 fn write_file(path: &Path, text: &str) -> Result<String> {

@@ -13,7 +13,7 @@ use crate::rt;
 use crate::scenario::{self, DrainSpec};
 use crate::trace::Session;
 
-use super::acc::RoundPart;
+use super::acc::{Acc, RoundPart};
 use super::{Ctx, GAP_BUCKETS, GAP_WIDTH_NS, STALL_THRESHOLD, UNISOLATED};
 
 /// Gaps kept for attribution: from 1 us, so that the threshold can be derived afterwards.
@@ -62,9 +62,45 @@ impl Ctx {
 
     /// One round of scenario `i`, merged into its accumulator.
     pub(super) fn run_round(&mut self, i: usize, round: u32) -> Result<()> {
+        let spec = self.drain_spec(i);
+        let session = self.start_trace();
+        let setup = scenario::setup(&spec)?;
+        let cfg = self.probe_config(i, round, &setup, session.is_some());
+        let phase: std::sync::Arc<Phase> = setup.phase.clone();
+        let qpw_desc = setup.describe();
+        let loc_before = local_timer_now(self.target);
+        let run = oslat::run(&cfg, self.calibration, &phase);
+        let loc_after = local_timer_now(self.target);
+        let outcome = setup.finish(Some(self.target))?;
+        let run: OslatRun = run?;
+        self.sink.warn_all(run.warnings.clone());
+        note_outcome(&outcome, &mut self.sink);
+        let Some(thread) = run.threads.first() else {
+            return Err(anyhow!("the probe measured nothing"));
+        };
+        let acc = &mut self.scenarios[i];
+        acc.add_round(thread, &outcome);
+        acc.tick.add_loc(
+            loc_before.0,
+            loc_after.0,
+            loc_after.1.saturating_sub(loc_before.1) as f64 / 1e9,
+        );
+        acc.qpw_desc = qpw_desc;
+        acc.cut_short |= run.interrupted;
+        self.done += 1;
+        if let Some(session) = session {
+            let traced = session.finish()?;
+            self.attribute_round(i, &traced, thread, &outcome);
+        }
+        Ok(())
+    }
+
+    /// What scenario `i` drains, how often and from where: the load on every allowed CPU but
+    /// the target, the requester on the housekeeping CPU.
+    fn drain_spec(&self, i: usize) -> DrainSpec {
         let target_set = CpuSet::from_iter([self.target]);
         let acc = &self.scenarios[i];
-        let spec = DrainSpec {
+        DrainSpec {
             mode: acc.mode,
             workload: acc.workload,
             drain_rate_hz: acc.rate,
@@ -82,23 +118,39 @@ impl Ctx {
                 .get(acc.name.as_str())
                 .cloned()
                 .unwrap_or_default(),
-        };
-        let session = if self.tracing {
-            match Session::start(&target_set, Some(self.housekeeping)) {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    self.sink
-                        .warn(format!("tracing stopped: cannot start the trace ({e:#})"));
-                    self.tracing = false;
-                    None
-                }
+        }
+    }
+
+    /// With tracing: the trace of the target for one round. When it cannot start, a warning
+    /// says why and the rest of the run goes untraced.
+    fn start_trace(&mut self) -> Option<Session> {
+        if !self.tracing {
+            return None;
+        }
+        let target_set = CpuSet::from_iter([self.target]);
+        match Session::start(&target_set, Some(self.housekeeping)) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                self.sink
+                    .warn(format!("tracing stopped: cannot start the trace ({e:#})"));
+                self.tracing = false;
+                None
             }
-        } else {
-            None
-        };
-        let setup = scenario::setup(&spec)?;
-        let cfg = OslatConfig {
-            cpus: target_set,
+        }
+    }
+
+    /// The probe's settings for round `round` of scenario `i` (set up as `setup`): one thread
+    /// on the target for one chunk, its gaps logged for the trace when `traced`.
+    fn probe_config(
+        &self,
+        i: usize,
+        round: u32,
+        setup: &scenario::Setup,
+        traced: bool,
+    ) -> OslatConfig {
+        let acc = &self.scenarios[i];
+        OslatConfig {
+            cpus: CpuSet::from_iter([self.target]),
             duration: self.chunk,
             warmup: Duration::from_millis(100),
             single_preheat: false,
@@ -114,72 +166,8 @@ impl Ctx {
             quiet: self.sink.is_quiet(),
             label: format!("{} ({}/{})", acc.name, round + 1, self.rounds),
             progress_span: Some((self.chunk * self.done, self.chunk * self.total_chunks)),
-            gap_log_ns: session.as_ref().map(|_| GAP_LOG_NS),
-        };
-        let phase: std::sync::Arc<Phase> = setup.phase.clone();
-        let qpw_desc = setup.describe();
-        let loc_before = (
-            crate::tick::local_timer_count(self.target),
-            crate::clock::monotonic_ns(),
-        );
-        let run = oslat::run(&cfg, self.calibration, &phase);
-        let loc_after = (
-            crate::tick::local_timer_count(self.target),
-            crate::clock::monotonic_ns(),
-        );
-        let outcome = setup.finish(Some(self.target))?;
-        let run: OslatRun = run?;
-        self.sink.warn_all(run.warnings.clone());
-        note_outcome(&outcome, &mut self.sink);
-        let Some(thread) = run.threads.first() else {
-            return Err(anyhow!("the probe measured nothing"));
-        };
-        let acc = &mut self.scenarios[i];
-        acc.hist.merge(&thread.hist);
-        acc.op_hist.merge(&thread.op_hist);
-        acc.op_time.merge(&thread.op_time);
-        acc.seconds += thread.duration_s;
-        acc.local_ops += thread.local_ops;
-        acc.local_op_errors += thread.local_op_errors;
-        acc.probe_switches += thread.involuntary_switches;
-        acc.probe_voluntary += thread.voluntary_switches;
-        acc.target_drains += outcome.target_drains;
-        acc.load.ops += outcome.load.ops;
-        acc.load.errors += outcome.load.errors;
-        acc.load.cpus = outcome.load.cpus.clone();
-        if acc.load.first_error.is_none() {
-            acc.load.first_error.clone_from(&outcome.load.first_error);
+            gap_log_ns: traced.then_some(GAP_LOG_NS),
         }
-        if let (Some(r), Some(h)) = (&outcome.requester, &outcome.requester_hist) {
-            match &mut acc.requester {
-                Some((total, hist)) => {
-                    total.add_counts(r);
-                    hist.merge(h);
-                    total.set_times(hist);
-                }
-                None => acc.requester = Some((r.clone(), h.clone())),
-            }
-        }
-        acc.by_round.push(RoundPart {
-            hist: thread.hist.clone(),
-            seconds: thread.duration_s,
-            target_drains: outcome.target_drains,
-            probe_switches: thread.involuntary_switches + thread.voluntary_switches,
-        });
-        acc.tick.add_loc(
-            loc_before.0,
-            loc_after.0,
-            loc_after.1.saturating_sub(loc_before.1) as f64 / 1e9,
-        );
-        acc.qpw_desc = qpw_desc;
-        acc.rounds += 1;
-        acc.cut_short |= run.interrupted;
-        self.done += 1;
-        if let Some(session) = session {
-            let traced = session.finish()?;
-            self.attribute_round(i, &traced, thread, &outcome);
-        }
-        Ok(())
     }
 
     /// Says in the notes what Ctrl-C left out: it came before scenario `next` of round
@@ -225,4 +213,53 @@ impl Ctx {
             list(&never)
         ));
     }
+}
+
+impl Acc {
+    /// Merges one round's figures into the scenario's: the probe `thread`'s gaps, local
+    /// operations and context switches, and what the load and the requester did (`outcome`);
+    /// the round's own figures are kept apart too.
+    fn add_round(&mut self, thread: &oslat::OslatThread, outcome: &scenario::Outcome) {
+        self.hist.merge(&thread.hist);
+        self.op_hist.merge(&thread.op_hist);
+        self.op_time.merge(&thread.op_time);
+        self.seconds += thread.duration_s;
+        self.local_ops += thread.local_ops;
+        self.local_op_errors += thread.local_op_errors;
+        self.probe_switches += thread.involuntary_switches;
+        self.probe_voluntary += thread.voluntary_switches;
+        self.target_drains += outcome.target_drains;
+        self.load.ops += outcome.load.ops;
+        self.load.errors += outcome.load.errors;
+        self.load.cpus = outcome.load.cpus.clone();
+        if self.load.first_error.is_none() {
+            self.load.first_error.clone_from(&outcome.load.first_error);
+        }
+        if let (Some(r), Some(h)) = (&outcome.requester, &outcome.requester_hist) {
+            match &mut self.requester {
+                Some((total, hist)) => {
+                    total.add_counts(r);
+                    hist.merge(h);
+                    total.set_times(hist);
+                }
+                None => self.requester = Some((r.clone(), h.clone())),
+            }
+        }
+        self.by_round.push(RoundPart {
+            hist: thread.hist.clone(),
+            seconds: thread.duration_s,
+            target_drains: outcome.target_drains,
+            probe_switches: thread.involuntary_switches + thread.voluntary_switches,
+        });
+        self.rounds += 1;
+    }
+}
+
+/// The target's local timer interrupts so far (none when they cannot be read), and the
+/// monotonic clock when they were read, in nanoseconds.
+fn local_timer_now(cpu: usize) -> (Option<u64>, u64) {
+    (
+        crate::tick::local_timer_count(cpu),
+        crate::clock::monotonic_ns(),
+    )
 }
