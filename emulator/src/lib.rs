@@ -59,8 +59,8 @@
 //!    ([`table`]), the oslat JSON ([`oslat::oslat_json`]).
 //! 4. **One module per concern** under those: the probes ([`oslat`], [`cyclictest`]) and what
 //!    they do alike with their threads ([`threads`]), their clock ([`clock`]), histograms
-//!    ([`hist`]), the real-time setup ([`rt`]), what a command says and the warnings it
-//!    gathers ([`sink`]), Ctrl-C ([`signals`]), the isolation and RT throttling ([`isolate`],
+//!    ([`hist`]), the real-time setup ([`rt`]), what a command says, where its JSON goes and
+//!    the warnings it gathers ([`sink`]), Ctrl-C ([`signals`]), the isolation and RT throttling ([`isolate`],
 //!    [`throttling`]), the settings a run changes and records for the next run to put back
 //!    should it be killed ([`setting`]), the measured CPU's tick and what the run itself puts
 //!    there ([`tick`]), the load ([`load`], [`scenario`], [`workload`]), the built-in minimal workload ([`counter`]), the kernel's
