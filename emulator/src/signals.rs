@@ -11,7 +11,7 @@
 //! double delivery).
 //!
 //! A standard output that can no longer be written (its reader has gone: `qpw-emu ... | head`,
-//! or the terminal hung up) asks the run to stop the same way ([`request_stop`], from
+//! or the terminal hung up) asks the run to stop the same way ([`request_stop_stdout_closed`], from
 //! [`crate::out`]): SIGPIPE is ignored, so such a write fails with `EPIPE` instead of killing
 //! the process before it has put back what it changed (RT throttling, a tracefs mount).
 //!

@@ -756,7 +756,7 @@ fn grow_receive_buffer(sock: &UdpSocket) {
 
 /// Sends `rate` requests per second for `duration` to `targets` in turn, from a thread bound
 /// to `cpu` when given, and records each round trip. After the last request it waits for the
-/// replies still due, until every request has one or none has come for [`STRAGGLERS`]. Each
+/// replies still due, until every request has one or none has come for two seconds. Each
 /// reply is matched to its request by sequence number, so a reply counts once however often
 /// it comes.
 pub fn load(

@@ -165,7 +165,7 @@ pub struct CyclictestArgs {
     /// stderr.
     #[arg(hide = true, num_args = 0.., value_name = "IGNORED")]
     pub stray: Vec<String>,
-    /// `-v` came before `-a CPUSET` on the command line (from [`cyclictest_getopt`]): 2.4 then
+    /// `-v` came before `-a CPUSET` on the command line (from [`cyclictest_getopt`](super::invocation::cyclictest_getopt)): 2.4 then
     /// says `Using N cpus.` while it parses `-a`, once more than otherwise.
     #[arg(skip)]
     pub verbose_before_affinity: bool,

@@ -185,7 +185,7 @@ pub(super) static RECOVERED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// Undoes what runs killed before they could restore left recorded in [`STATE_DIR`] (done at
 /// the start of every command run as root, before the CPUs are read: a killed run leaves the
 /// shell that started it, and so the next run, on the housekeeping CPUs only); returns a line
-/// for each, and keeps them for the next [`Isolation`]'s report.
+/// for each, and keeps them for the next [`Isolation`](super::Isolation)'s report.
 pub fn recover_stale() -> Vec<String> {
     let lines = recover_stale_in(Path::new(STATE_DIR));
     RECOVERED
