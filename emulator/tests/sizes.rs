@@ -18,7 +18,7 @@ const ENTRY_LINES: usize = 80;
 
 /// The functions the issue names besides the commands' entry functions: `(file or directory
 /// below src/, function)`.
-const NAMED: [(&str, &str); 10] = [
+const NAMED: [(&str, &str); 14] = [
     ("commands/run", "conclude"),
     ("isolate", "isolate"),
     ("table", "table"),
@@ -29,6 +29,10 @@ const NAMED: [(&str, &str); 10] = [
     ("commands/run/round", "run_round"),
     ("commands/run/files", "document"),
     ("trace/timeline", "push"),
+    ("oslat/mod", "run"),
+    ("cyclictest/mod", "run"),
+    ("commands/cyclictest/mod", "measure"),
+    ("commands/oslat", "print_summary"),
 ];
 
 /// Entry functions still over [`ENTRY_LINES`], each with its length when this list was last

@@ -20,6 +20,7 @@ use crate::cli::{DrainArgs, OslatArgs};
 use crate::clock::Calibration;
 use crate::cpus::Cpus;
 use crate::drain::{print_requester, qpw_fields, LoadAfter, ProbeLoad};
+use crate::hist::Histogram;
 use crate::json::{self, Micros, Settings, TraceFields, RT_TESTS_VERSION};
 use crate::oslat::{self, OslatConfig, OslatRun, OslatThread};
 use crate::rt::{self, Exit, TraceMarker};
@@ -407,39 +408,35 @@ fn micros_text(m: Micros) -> String {
 
 /// Prints oslat's summary (`write_summary()`): one column per CPU.
 fn print_summary(run: &OslatRun, zero_omit: bool) {
-    let field = |label: &str, values: Vec<String>, end: &str| {
-        let cells: String = values.iter().map(|v| format!(" {v}")).collect();
-        println!("{label:>12}:\t{cells}{end}");
-    };
     let ts = &run.threads;
-    field("Core", ts.iter().map(|t| t.cpu.to_string()).collect(), "");
-    field(
+    summary_row("Core", ts.iter().map(|t| t.cpu.to_string()), "");
+    summary_row(
         "Counter Freq",
-        ts.iter()
-            .map(|_| run.calibration.mhz().to_string())
-            .collect(),
+        ts.iter().map(|_| run.calibration.mhz().to_string()),
         " (Mhz)",
     );
-    let Some(first) = ts.first() else {
-        println!();
-        return;
-    };
-    let (n, w, origin) = (
-        first.hist.buckets(),
-        first.hist.width_ns(),
-        first.hist.origin_ns(),
-    );
-    let count = |t: &OslatThread, j: usize| {
-        let c = t.hist.counts()[j];
-        if j == n - 1 {
-            c + t.hist.overflow()
-        } else {
-            c
-        }
-    };
+    if !ts.is_empty() {
+        print_buckets(ts, zero_omit);
+        print_figures(ts);
+    }
+    println!();
+}
+
+/// Prints one row of oslat's summary: its label right-aligned, a tab, then each CPU's value
+/// after a space, then `end` (the unit).
+fn summary_row(label: &str, values: impl Iterator<Item = String>, end: &str) {
+    let cells: String = values.map(|v| format!(" {v}")).collect();
+    println!("{label:>12}:\t{cells}{end}");
+}
+
+/// Prints the summary's bucket rows, labelled by each bucket's upper edge; with `zero_omit`
+/// (`-z`), a bucket empty on every CPU is left out and a run of them is shown as `...`. The
+/// last bucket also counts the overflows. Every thread has the first one's buckets.
+fn print_buckets(ts: &[OslatThread], zero_omit: bool) {
+    let n = ts[0].hist.buckets();
     let mut dots = false;
     for j in 0..n {
-        if zero_omit && j < n - 1 && ts.iter().all(|t| count(t, j) == 0) {
+        if zero_omit && j < n - 1 && ts.iter().all(|t| bucket_count(t, j) == 0) {
             dots = true;
             continue;
         }
@@ -447,15 +444,9 @@ fn print_summary(run: &OslatRun, zero_omit: bool) {
             println!("    ...");
             dots = false;
         }
-        let edge = origin + (j as u64 + 1) * w;
-        let label = if w % 1000 == 0 && origin % 1000 == 0 {
-            format!("{:03} (us)", edge / 1000)
-        } else {
-            format!("{:07.3} (us)", edge as f64 / 1000.0)
-        };
-        field(
-            &label,
-            ts.iter().map(|t| count(t, j).to_string()).collect(),
+        summary_row(
+            &bucket_label(&ts[0].hist, j),
+            ts.iter().map(|t| bucket_count(t, j).to_string()),
             if j == n - 1 {
                 " (including overflows)"
             } else {
@@ -463,41 +454,57 @@ fn print_summary(run: &OslatRun, zero_omit: bool) {
             },
         );
     }
+}
+
+/// The count of bucket `j` of a thread's histogram, the overflows included in the last bucket.
+fn bucket_count(t: &OslatThread, j: usize) -> u64 {
+    let c = t.hist.counts()[j];
+    if j == t.hist.buckets() - 1 {
+        c + t.hist.overflow()
+    } else {
+        c
+    }
+}
+
+/// The label of bucket `j`: its upper edge in microseconds, whole when the buckets fall on
+/// whole microseconds (`001 (us)`), else with three decimals (`000.500 (us)`).
+fn bucket_label(hist: &Histogram, j: usize) -> String {
+    let (w, origin) = (hist.width_ns(), hist.origin_ns());
+    let edge = origin + (j as u64 + 1) * w;
+    if w % 1000 == 0 && origin % 1000 == 0 {
+        format!("{:03} (us)", edge / 1000)
+    } else {
+        format!("{:07.3} (us)", edge as f64 / 1000.0)
+    }
+}
+
+/// Prints the summary's figures per CPU: minimum, average, maximum, max-min and duration, with
+/// the bucket width of the first thread, as oslat rounds them.
+fn print_figures(ts: &[OslatThread]) {
+    let w = ts[0].hist.width_ns();
     let min = |t: &OslatThread| oslat::oslat_micros(t.hist.min_ns(), w);
     let max = |t: &OslatThread| oslat::oslat_micros(t.hist.max_ns(), w);
-    field(
-        "Minimum",
-        ts.iter().map(|t| micros_text(min(t))).collect(),
-        " (us)",
-    );
-    field(
+    summary_row("Minimum", ts.iter().map(|t| micros_text(min(t))), " (us)");
+    summary_row(
         "Average",
         ts.iter()
-            .map(|t| format!("{:.3}", t.hist.bucket_mean_ns() / 1000.0))
-            .collect(),
+            .map(|t| format!("{:.3}", t.hist.bucket_mean_ns() / 1000.0)),
         " (us)",
     );
-    field(
-        "Maximum",
-        ts.iter().map(|t| micros_text(max(t))).collect(),
-        " (us)",
-    );
-    field(
+    summary_row("Maximum", ts.iter().map(|t| micros_text(max(t))), " (us)");
+    summary_row(
         "Max-Min",
-        ts.iter()
-            .map(|t| match (max(t), min(t)) {
-                (Micros::Whole(a), Micros::Whole(b)) => (a - b).to_string(),
-                (a, b) => format!("{:.3}", a.value() - b.value()),
-            })
-            .collect(),
+        ts.iter().map(|t| match (max(t), min(t)) {
+            (Micros::Whole(a), Micros::Whole(b)) => (a - b).to_string(),
+            (a, b) => format!("{:.3}", a.value() - b.value()),
+        }),
         " (us)",
     );
-    field(
+    summary_row(
         "Duration",
-        ts.iter().map(|t| format!("{:.3}", t.duration_s)).collect(),
+        ts.iter().map(|t| format!("{:.3}", t.duration_s)),
         " (sec)",
     );
-    println!();
 }
 
 /// Our figures, after oslat's: exact percentiles per CPU.

@@ -348,6 +348,8 @@ impl CyclicRun {
     }
 }
 
+/// What the main thread and the measuring threads share: the start and stop flags, the common
+/// start and end, and what the threads hand back besides their results.
 struct Control {
     started: AtomicUsize,
     go: AtomicBool,
@@ -361,6 +363,41 @@ struct Control {
     spike_count: AtomicU64,
     warnings: Mutex<Vec<String>>,
 }
+
+impl Control {
+    /// The shared state of `cfg`'s threads before any has started.
+    fn new(cfg: &CyclicConfig) -> Control {
+        Control {
+            started: AtomicUsize::new(0),
+            go: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            start_ns: AtomicU64::new(0),
+            end_ns: AtomicU64::new(0),
+            break_hit: Mutex::new(None),
+            spikes: Mutex::new(Vec::with_capacity(cfg.spike.map_or(0, |s| s.1))),
+            spike_count: AtomicU64::new(0),
+            warnings: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The run, from the joined threads' results and what they left here.
+    fn collect(&self, threads: Vec<CyclicThread>, interrupted: bool) -> CyclicRun {
+        let break_hit = *self.break_hit.lock().unwrap_or_else(|e| e.into_inner());
+        let spikes = std::mem::take(&mut *self.spikes.lock().unwrap_or_else(|e| e.into_inner()));
+        let warnings =
+            std::mem::take(&mut *self.warnings.lock().unwrap_or_else(|e| e.into_inner()));
+        CyclicRun {
+            threads,
+            break_hit,
+            spikes: (spikes, self.spike_count.load(Ordering::SeqCst)),
+            interrupted,
+            warnings,
+        }
+    }
+}
+
+/// A measuring thread's handle: its result once joined.
+type CyclicHandle = std::thread::JoinHandle<Result<CyclicThread>>;
 
 /// What the main thread does while the threads measure: redraw the live lines, feed `-F`
 /// readers and print `-v` values.
@@ -376,20 +413,32 @@ pub trait Watch {
 /// runs on the calling thread.
 pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Result<CyclicRun> {
     let n = cfg.threads.len();
-    let ctl = Arc::new(Control {
-        started: AtomicUsize::new(0),
-        go: AtomicBool::new(false),
-        stop: AtomicBool::new(false),
-        start_ns: AtomicU64::new(0),
-        end_ns: AtomicU64::new(0),
-        break_hit: Mutex::new(None),
-        spikes: Mutex::new(Vec::with_capacity(cfg.spike.map_or(0, |s| s.1))),
-        spike_count: AtomicU64::new(0),
-        warnings: Mutex::new(Vec::new()),
-    });
+    let ctl = Arc::new(Control::new(cfg));
     let live: Vec<Arc<Live>> = (0..n).map(|_| Arc::new(Live::new(cfg.verbose))).collect();
     install_wake().context("cannot install the handler of the threads' wake-up signal")?;
-    let mut handles = Vec::with_capacity(n);
+    let handles = start_threads(cfg, &ctl, &live)?;
+    threads::wait_for(&ctl.started, n, &handles);
+    ctl.start_ns.store(clock_ns(cfg.clock), Ordering::SeqCst);
+    ctl.go.store(true, Ordering::SeqCst);
+    phase.go();
+    let interrupted = watch_until_the_end(cfg, &ctl, &live, &handles, watch);
+    ctl.stop.store(true, Ordering::SeqCst);
+    wake_threads(&handles);
+    phase.stop();
+    watch.done(&live);
+    let threads = threads::join_all(handles, "a cyclictest thread panicked")?;
+    Ok(ctl.collect(threads, interrupted))
+}
+
+/// Starts one measuring thread per [`ThreadSpec`], in order, each with its live figures. A
+/// signal while they start stops starting more; a thread that fails stops the run; a thread
+/// that cannot be started stops those already running.
+fn start_threads(
+    cfg: &CyclicConfig,
+    ctl: &Arc<Control>,
+    live: &[Arc<Live>],
+) -> Result<Vec<CyclicHandle>> {
+    let mut handles = Vec::with_capacity(cfg.threads.len());
     for (i, spec) in cfg.threads.iter().enumerate() {
         // A signal while thousands of threads start: start no more (the run then ends with
         // those it has, as interrupted).
@@ -416,11 +465,19 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Res
             }
         }
     }
-    threads::wait_for(&ctl.started, n, &handles);
-    ctl.start_ns.store(clock_ns(cfg.clock), Ordering::SeqCst);
-    ctl.go.store(true, Ordering::SeqCst);
-    phase.go();
-    let mut interrupted = false;
+    Ok(handles)
+}
+
+/// The main loop while the threads measure: `watch` every 10 ms, until `-D` is past, a thread
+/// reached `-l`, one failed, `watch` or a thread asks to stop, or a signal comes; returns
+/// whether a signal ended it.
+fn watch_until_the_end(
+    cfg: &CyclicConfig,
+    ctl: &Control,
+    live: &[Arc<Live>],
+    handles: &[CyclicHandle],
+    watch: &mut dyn Watch,
+) -> bool {
     // cyclictest 2.4's main loop: print, then count the threads that reached -l, sleep 10 ms,
     // and stop everything once one has. A thread that reaches -l ends alone; the others run
     // on until this loop has seen it (up to two of its turns), and what they record after its
@@ -432,47 +489,31 @@ pub fn run(cfg: &CyclicConfig, phase: &Arc<Phase>, watch: &mut dyn Watch) -> Res
     // print that ends the run has seen every sample of the thread that ended it.
     loop {
         if crate::rt::interrupted() {
-            interrupted = true;
-            break;
+            return true;
         }
         // -D, timed here too: a thread asleep past it (an interval longer than the run) is
         // woken below.
         let end = ctl.end_ns.load(Ordering::SeqCst);
         if end > 0 && clock_ns(cfg.clock) >= end.saturating_add(END_GRACE_NS) {
-            break;
+            return false;
         }
         let one_done = cfg.loops > 0
             && live
                 .iter()
                 .any(|l| l.cycles.load(Ordering::Acquire) >= cfg.loops);
-        let asked_to_stop = watch.tick(&live);
+        let asked_to_stop = watch.tick(live);
         // A thread that ended before its loops were done failed (or panicked): stop all.
-        let failed = handles.iter().zip(&live).any(|(h, l)| {
+        let failed = handles.iter().zip(live).any(|(h, l)| {
             h.is_finished() && (cfg.loops == 0 || l.cycles.load(Ordering::Relaxed) < cfg.loops)
         });
         if ctl.stop.load(Ordering::SeqCst) || failed || asked_to_stop {
-            break;
+            return false;
         }
         crate::signals::wait_for(Duration::from_millis(10));
         if one_done {
-            break;
+            return false;
         }
     }
-    ctl.stop.store(true, Ordering::SeqCst);
-    wake_threads(&handles);
-    phase.stop();
-    watch.done(&live);
-    let threads = threads::join_all(handles, "a cyclictest thread panicked")?;
-    let break_hit = *ctl.break_hit.lock().unwrap_or_else(|e| e.into_inner());
-    let spikes = std::mem::take(&mut *ctl.spikes.lock().unwrap_or_else(|e| e.into_inner()));
-    let warnings = std::mem::take(&mut *ctl.warnings.lock().unwrap_or_else(|e| e.into_inner()));
-    Ok(CyclicRun {
-        threads,
-        break_hit,
-        spikes: (spikes, ctl.spike_count.load(Ordering::SeqCst)),
-        interrupted,
-        warnings,
-    })
 }
 
 #[cfg(test)]

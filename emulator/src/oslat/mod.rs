@@ -219,6 +219,8 @@ pub fn oslat_json(run: &OslatRun, start_time: String, qpw: QpwFields) -> Envelop
     )
 }
 
+/// What the main thread and the probe threads share: the barriers' counts and flags, and what
+/// the threads hand back besides their results.
 struct Control {
     started: AtomicUsize,
     go: AtomicBool,
@@ -234,6 +236,27 @@ struct Control {
     warnings: Mutex<Vec<String>>,
 }
 
+impl Control {
+    /// The shared state of `n` threads before any has started.
+    fn new(n: usize) -> Control {
+        Control {
+            started: AtomicUsize::new(0),
+            go: AtomicBool::new(false),
+            preheated: AtomicBool::new(false),
+            preheat_min_ns: AtomicU64::new(u64::MAX),
+            running: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            finished: AtomicUsize::new(0),
+            n,
+            threshold_hit: Mutex::new(None),
+            warnings: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// A probe thread's handle: its result once joined.
+type ProbeHandle = std::thread::JoinHandle<Result<OslatThread>>;
+
 /// Runs the probe; `phase` (the load's) goes once every thread is measuring and stops when the
 /// measuring stops.
 pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> Result<OslatRun> {
@@ -246,19 +269,28 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
         Some(main) => crate::rt::AwayFrom::onto(main, &mut ignored),
         None => crate::rt::AwayFrom::cpus(&cfg.cpus),
     };
-    let ctl = Arc::new(Control {
-        started: AtomicUsize::new(0),
-        go: AtomicBool::new(false),
-        preheated: AtomicBool::new(false),
-        preheat_min_ns: AtomicU64::new(u64::MAX),
-        running: AtomicUsize::new(0),
-        stop: AtomicBool::new(false),
-        finished: AtomicUsize::new(0),
-        n,
-        threshold_hit: Mutex::new(None),
-        warnings: Mutex::new(Vec::new()),
-    });
-    let mut handles = Vec::with_capacity(n);
+    let ctl = Arc::new(Control::new(n));
+    let handles = start_threads(cfg, calibration, &ctl)?;
+    // Wait until every thread has pinned itself, then let them go.
+    threads::wait_for(&ctl.started, n, &handles);
+    ctl.go.store(true, Ordering::SeqCst);
+    // Release the load once every thread measures.
+    threads::wait_for(&ctl.running, n, &handles);
+    announce_start(cfg, &ctl);
+    phase.go();
+    let interrupted = measure(cfg, &ctl, &handles, phase);
+    let threads = threads::join_all(handles, "a probe thread panicked")?;
+    Ok(collect(cfg, &ctl, threads, calibration, interrupted))
+}
+
+/// Starts one probe thread per measured CPU, in CPU order. A thread that fails lets the others
+/// past both barriers; a thread that cannot be started stops those already running.
+fn start_threads(
+    cfg: &OslatConfig,
+    calibration: Calibration,
+    ctl: &Arc<Control>,
+) -> Result<Vec<ProbeHandle>> {
+    let mut handles = Vec::with_capacity(ctl.n);
     for (index, cpu) in cfg.cpus.iter().enumerate() {
         let (cfg, tctl) = (cfg.clone(), ctl.clone());
         let spawned = std::thread::Builder::new()
@@ -284,11 +316,13 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
             }
         }
     }
-    // Wait until every thread has pinned itself, then let them go.
-    threads::wait_for(&ctl.started, n, &handles);
-    ctl.go.store(true, Ordering::SeqCst);
-    // Release the load once every thread measures.
-    threads::wait_for(&ctl.running, n, &handles);
+    Ok(handles)
+}
+
+/// Prints oslat's lines at the start of the measuring, once every thread is past its pre-heat:
+/// `Global bias set to` with `-B`, and `Test starts...` when asked; then flushes them, so that
+/// they come before anything a `-T` trigger prints.
+fn announce_start(cfg: &OslatConfig, ctl: &Control) {
     if cfg.bias {
         let min = ctl.preheat_min_ns.load(Ordering::SeqCst);
         let w = cfg.bucket_width_ns.max(1);
@@ -303,7 +337,11 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
         use std::io::Write as _;
         crate::out::check_stdout(std::io::stdout().flush());
     }
-    phase.go();
+}
+
+/// Lets the threads measure for the run's duration with the progress line, and stops them and
+/// `phase`; returns whether SIGINT cut the run short.
+fn measure(cfg: &OslatConfig, ctl: &Control, handles: &[ProbeHandle], phase: &Phase) -> bool {
     // No progress line when the main thread shares a measured CPU: redrawing it would disturb
     // the measuring.
     let shares = qpw_core::current_affinity()
@@ -316,27 +354,35 @@ pub fn run(cfg: &OslatConfig, calibration: Calibration, phase: &Arc<Phase>) -> R
     };
     // A thread that ended early failed: stop measuring.
     let thread_ended = || handles.iter().any(|h| h.is_finished());
-    let interrupted = threads::measure_for(
+    threads::measure_for(
         Some(cfg.duration),
         &ctl.stop,
         thread_ended,
         &progress,
         phase,
-    );
+    )
+}
 
-    let threads = threads::join_all(handles, "a probe thread panicked")?;
+/// The run, from the joined threads' results and what they left in `ctl`.
+fn collect(
+    cfg: &OslatConfig,
+    ctl: &Control,
+    threads: Vec<OslatThread>,
+    calibration: Calibration,
+    interrupted: bool,
+) -> OslatRun {
     let threshold_hit = *ctl.threshold_hit.lock().unwrap_or_else(|e| e.into_inner());
     let warnings = std::mem::take(&mut *ctl.warnings.lock().unwrap_or_else(|e| e.into_inner()));
     let bias_ns = cfg
         .bias
         .then(|| threads.first().map(|t| t.hist.origin_ns()))
         .flatten();
-    Ok(OslatRun {
+    OslatRun {
         threads,
         calibration,
         threshold_hit,
         bias_ns,
         interrupted,
         warnings,
-    })
+    }
 }

@@ -15,11 +15,14 @@
 use anyhow::Result;
 
 use crate::cli::CyclictestArgs;
+use crate::clock::Calibration;
 use crate::cyclictest::{self, CyclicConfig, CyclicRun, LiveLines, MainLoop, Verbose};
 use crate::drain::{LoadAfter, ProbeLoad};
 use crate::json::TraceFields;
+use crate::oslat::LocalOp;
 use crate::rt;
 use crate::sink::Sink;
+use crate::trace::Session;
 
 mod plan;
 mod report;
@@ -67,12 +70,53 @@ fn measure(
 ) -> Result<Measured> {
     let Plan {
         ref cpus,
-        nthreads,
-        histogram,
-        ref specs,
-        ref policy_label,
         ref measured,
         ref spec,
+        trace_us,
+        ..
+    } = *plan;
+    let calibration = trace_us.map(|_| Calibration::measure());
+    let tracing = trace_us
+        .map(|_| crate::probe_trace::start_for_probe(measured, cpus, &Sink::new(true)))
+        .transpose()?;
+    let load = ProbeLoad::start(spec.as_ref())?;
+    let cfg = probe_config(plan, args, sink, load.local_op(), calibration);
+    let mut main = main_loop(plan, args, held, sink);
+    let run = cyclictest::run(&cfg, &load.phase, &mut main);
+    let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), sink)?;
+    let traced = match (tracing, trace_us, calibration) {
+        (Some(session), Some(us), Some(cal)) => Some(attribute(session, &run, cal, us, sink)?),
+        _ => None,
+    };
+    if let (Some((_, value)), Some(m)) = (run.break_hit, &mut held.marker) {
+        m.mark(&format!(
+            "hit latency threshold ({value} > {})",
+            plan.breaktrace.unwrap_or(0)
+        ));
+    }
+
+    Ok(Measured {
+        cfg,
+        run,
+        load,
+        traced,
+        _main: main,
+    })
+}
+
+/// What the probe measures: the plan's threads, clock, sleep and outputs, the load's local
+/// operation, and with `--trace` the late wake-ups to keep for the trace (`calibration` is then
+/// the counter's).
+fn probe_config(
+    plan: &Plan,
+    args: &CyclictestArgs,
+    sink: &Sink,
+    local_op: Option<LocalOp>,
+    calibration: Option<Calibration>,
+) -> CyclicConfig {
+    let Plan {
+        histogram,
+        ref specs,
         trace_us,
         duration,
         clock,
@@ -81,12 +125,7 @@ fn measure(
         breaktrace,
         ..
     } = *plan;
-    let calibration = trace_us.map(|_| crate::clock::Calibration::measure());
-    let tracing = trace_us
-        .map(|_| crate::probe_trace::start_for_probe(measured, cpus, &Sink::new(true)))
-        .transpose()?;
-    let load = ProbeLoad::start(spec.as_ref())?;
-    let cfg = CyclicConfig {
+    CyclicConfig {
         threads: specs.clone(),
         duration,
         loops: args.loops,
@@ -101,57 +140,52 @@ fn measure(
             .map(|t| (t, args.spike_nodes.unwrap_or(DEFAULT_SPIKE_NODES) as usize)),
         align,
         verbose: sink.is_verbose(),
-        local_op: load.local_op(),
+        local_op,
         late_log: trace_us
             .zip(calibration)
             .map(|(us, cal)| ((us * 1000.0) as u64, cal)),
-    };
+    }
+}
+
+/// What the main thread runs while the threads measure: cyclictest's live lines (or `-v`'s
+/// values), the `-F` pipe the set-up holds, and our progress line where cyclictest draws nothing
+/// itself (`-q`) and the end is known.
+fn main_loop(plan: &Plan, args: &CyclictestArgs, held: &mut SetUp, sink: &Sink) -> MainLoop {
     let lines = LiveLines::new(
-        specs.clone(),
+        plan.specs.clone(),
         args.nsecs,
-        policy_label.clone(),
+        plan.policy_label.clone(),
         args.refresh_on_max,
         sink.is_quiet(),
         sink.is_verbose()
-            .then(|| Verbose::new(nthreads, args.oscope.unwrap_or(1))),
+            .then(|| Verbose::new(plan.nthreads, args.oscope.unwrap_or(1))),
     );
-    // Our progress line: only where cyclictest draws nothing itself (-q) and the end is known.
     let progress = (sink.is_quiet() && !sink.is_verbose())
-        .then(|| duration.map(|d| crate::progress::Progress::new("cyclictest", d, false)))
+        .then(|| {
+            plan.duration
+                .map(|d| crate::progress::Progress::new("cyclictest", d, false))
+        })
         .flatten();
-    let mut main = MainLoop::new(lines, held.fifo.take(), progress);
-    let run = cyclictest::run(&cfg, &load.phase, &mut main);
-    let (run, load) = load.finish(run, |r| &r.warnings, measured.first(), sink)?;
-    let traced = match (tracing, trace_us, calibration) {
-        (Some(session), Some(us), Some(cal)) => {
-            let probes: Vec<_> = run
-                .threads
-                .iter()
-                .map(|t| crate::probe_trace::ProbeGaps {
-                    cpu: t.cpu,
-                    tid: t.tid,
-                    gaps: &t.late,
-                    not_kept: t.late_not_kept,
-                })
-                .collect();
-            Some(crate::probe_trace::attribute(
-                session, &probes, cal, us, sink,
-            )?)
-        }
-        _ => None,
-    };
-    if let (Some((_, value)), Some(m)) = (run.break_hit, &mut held.marker) {
-        m.mark(&format!(
-            "hit latency threshold ({value} > {})",
-            breaktrace.unwrap_or(0)
-        ));
-    }
+    MainLoop::new(lines, held.fifo.take(), progress)
+}
 
-    Ok(Measured {
-        cfg,
-        run,
-        load,
-        traced,
-        _main: main,
-    })
+/// Ends the trace and matches each thread's wake-ups later than `threshold_us` with it.
+fn attribute(
+    session: Session,
+    run: &CyclicRun,
+    cal: Calibration,
+    threshold_us: f64,
+    sink: &mut Sink,
+) -> Result<TraceFields> {
+    let probes: Vec<_> = run
+        .threads
+        .iter()
+        .map(|t| crate::probe_trace::ProbeGaps {
+            cpu: t.cpu,
+            tid: t.tid,
+            gaps: &t.late,
+            not_kept: t.late_not_kept,
+        })
+        .collect();
+    crate::probe_trace::attribute(session, &probes, cal, threshold_us, sink)
 }
