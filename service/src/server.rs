@@ -1,18 +1,20 @@
 //! The serving threads: one per serving CPU, bound to it, answering each request with its
-//! echo and keeping the CPU's count, service times and reply buffers in the per-CPU state.
+//! echo and keeping the CPU's count, service times and reply buffers in the per-CPU state;
+//! their start, and the wait until every one is bound.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
-use qpw_core::{PerCpu, Qpw};
+use qpw_core::{CpuSet, PerCid, PerCpu, Qpw};
 
+use crate::config::{Poll, Scrape};
 use crate::latency::{histogram, now_ns};
-use crate::request::parse_request;
+use crate::request::{grow_receive_buffer, parse_request};
 
 /// One serving CPU's state.
 #[derive(Debug)]
@@ -43,6 +45,79 @@ pub(crate) struct Server {
     pub(crate) handle: JoinHandle<Result<(u64, Histogram<u64>)>>,
 }
 
+/// The serving CPUs' state, empty; and with `--scrape cid`, the counts and service times per
+/// concurrency id, empty too.
+pub(crate) fn new_state(qpw: &Qpw, scrape: Scrape) -> (PerCpu<CpuState>, Option<PerCid<IdStats>>) {
+    let state = qpw.per_cpu(|_| CpuState {
+        requests: 0,
+        service_ns: histogram(),
+        free: Vec::new(),
+    });
+    let by_id = (scrape == Scrape::Cid).then(|| {
+        qpw.per_cid(|_| IdStats {
+            requests: 0,
+            service_ns: histogram(),
+        })
+    });
+    (state, by_id)
+}
+
+/// Starts one serving thread per serving CPU, named `serve/CPU`, each on its own UDP socket
+/// on the loopback address, waiting for requests as `poll` says. Returns at once: each thread
+/// binds itself to its CPU ([`wait_until_bound`] waits for that).
+pub(crate) fn start_servers(
+    qpw: &Qpw,
+    serving: &CpuSet,
+    poll: Poll,
+    state: &PerCpu<CpuState>,
+    by_id: Option<&PerCid<IdStats>>,
+    stop: &Arc<AtomicBool>,
+) -> Result<Vec<Server>> {
+    let mut servers = Vec::new();
+    for cpu in serving.iter() {
+        let sock = UdpSocket::bind("127.0.0.1:0").context("cannot bind a UDP socket")?;
+        grow_receive_buffer(&sock);
+        match poll {
+            Poll::Busy => sock.set_nonblocking(true)?,
+            Poll::Block => sock.set_read_timeout(Some(Duration::from_millis(20)))?,
+        }
+        let addr = sock.local_addr()?;
+        let tid = Arc::new(AtomicI32::new(0));
+        let (qpw2, state, stop, tid2) = (qpw.clone(), state.clone(), stop.clone(), tid.clone());
+        let by_id = by_id.cloned();
+        let handle = std::thread::Builder::new()
+            .name(format!("serve/{cpu}"))
+            .spawn(move || serve(&qpw2, cpu, &sock, &state, by_id.as_ref(), &stop, &tid2))?;
+        servers.push(Server {
+            cpu,
+            addr,
+            tid,
+            handle,
+        });
+    }
+    Ok(servers)
+}
+
+/// Waits for every server to be bound to its CPU and to know its thread id, and gives them
+/// back. If one stops first, or they are not all bound within 5 s, it stops them all and
+/// returns the first one's error, or else "a serving thread did not start".
+pub(crate) fn wait_until_bound(servers: Vec<Server>, stop: &AtomicBool) -> Result<Vec<Server>> {
+    let t0 = Instant::now();
+    while servers.iter().any(|s| s.tid.load(Ordering::Acquire) == 0) {
+        if t0.elapsed() > Duration::from_secs(5) || servers.iter().any(|s| s.handle.is_finished()) {
+            stop.store(true, Ordering::Release);
+            for s in servers {
+                if let Ok(Err(e)) = s.handle.join() {
+                    return Err(e);
+                }
+            }
+            bail!("a serving thread did not start");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(servers)
+}
+
 /// Reads a thread's voluntary and involuntary context switches.
 pub fn switches(tid: i32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
@@ -66,7 +141,7 @@ pub fn switches(tid: i32) -> Option<(u64, u64)> {
 /// Between requests it polls its binding ([`qpw_core::Binding::poll`]): in fenced mode a
 /// scrape calls its CPU, and the poll's answer spares the CPU the scrape's `membarrier` fence
 /// (an interrupt here). Elsewhere the poll is one load that finds nothing.
-pub(crate) fn serve(
+fn serve(
     qpw: &Qpw,
     cpu: usize,
     sock: &UdpSocket,

@@ -1,24 +1,22 @@
 //! A running service: its instance, its serving threads, the metrics thread that scrapes them
 //! and the endpoint that serves the metrics; and what it reports when it stops.
 
-use std::net::{SocketAddr, UdpSocket};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use hdrhistogram::Histogram;
 use qpw_core::{CpuSet, Qpw};
 use serde::Serialize;
 
-use crate::config::{Config, Poll, Scrape};
+use crate::config::Config;
 use crate::http::serve_http;
 use crate::latency::{histogram, Percentiles};
 use crate::metrics::{lock, Metrics};
-use crate::request::grow_receive_buffer;
-use crate::scrape::{take, take_counts};
-use crate::server::{serve, switches, CpuState, IdStats, Server};
+use crate::scrape::{scrape_fn, start_scraper, ScrapeFn};
+use crate::server::{new_state, start_servers, switches, wait_until_bound, Server};
 
 /// A running service.
 pub struct Service {
@@ -35,7 +33,7 @@ pub struct Service {
     /// The metrics thread, when scrapes are periodic.
     scraper: Option<JoinHandle<()>>,
     /// One scrape, from whatever thread calls it.
-    scrape_once: Arc<dyn Fn() -> Result<()> + Send + Sync>,
+    scrape_once: ScrapeFn,
     /// The endpoint's address and thread, when it has one.
     http: Option<(SocketAddr, JoinHandle<()>)>,
     /// The CPU of the metrics thread, the endpoint and the load generator.
@@ -53,6 +51,30 @@ impl std::fmt::Debug for Service {
     }
 }
 
+/// Builds the instance and chooses its CPUs: the first allowed one for housekeeping, every
+/// other one to serve (the one CPU does both when there is only one). Returns the instance,
+/// the housekeeping CPU and the serving CPUs.
+fn build_instance(cfg: &Config) -> Result<(Qpw, usize, CpuSet)> {
+    // The last allowed CPU stands for the isolated one: declared so, `Policy::Auto` (the
+    // default) runs it in remote mode and the housekeeping CPU in queue mode, as it would
+    // on a machine booted with that CPU isolated. The explicit policies ignore it. On one
+    // CPU there is nothing apart to isolate.
+    let allowed = qpw_core::allowed_cpus().context("cannot read the allowed CPUs")?;
+    let mut builder = Qpw::builder().policy(cfg.policy.clone());
+    if let (true, Some(last)) = (allowed.len() > 1, allowed.iter().last()) {
+        builder = builder.isolated(CpuSet::from_iter([last]));
+    }
+    let qpw = builder.build().context("cannot build the instance")?;
+    let cpus = qpw.cpus().clone();
+    let housekeeping = cpus.first().ok_or_else(|| anyhow!("no CPU allowed"))?;
+    let serving: CpuSet = if cpus.len() > 1 {
+        cpus.difference(&CpuSet::from_iter([housekeeping]))
+    } else {
+        cpus.clone()
+    };
+    Ok((qpw, housekeeping, serving))
+}
+
 impl Service {
     /// Starts the servers, the metrics thread and, if asked, the HTTP endpoint.
     pub fn start(cfg: &Config) -> Result<Self> {
@@ -62,144 +84,22 @@ impl Service {
                 cfg.scrape_rate
             );
         }
-        // The last allowed CPU stands for the isolated one: declared so, `Policy::Auto` (the
-        // default) runs it in remote mode and the housekeeping CPU in queue mode, as it would
-        // on a machine booted with that CPU isolated. The explicit policies ignore it. On one
-        // CPU there is nothing apart to isolate.
-        let allowed = qpw_core::allowed_cpus().context("cannot read the allowed CPUs")?;
-        let mut builder = Qpw::builder().policy(cfg.policy.clone());
-        if let (true, Some(last)) = (allowed.len() > 1, allowed.iter().last()) {
-            builder = builder.isolated(CpuSet::from_iter([last]));
-        }
-        let qpw = builder.build().context("cannot build the instance")?;
-        let cpus = qpw.cpus().clone();
-        let housekeeping = cpus.first().ok_or_else(|| anyhow!("no CPU allowed"))?;
-        let serving: CpuSet = if cpus.len() > 1 {
-            cpus.difference(&CpuSet::from_iter([housekeeping]))
-        } else {
-            cpus.clone()
-        };
-        let state = qpw.per_cpu(|_| CpuState {
-            requests: 0,
-            service_ns: histogram(),
-            free: Vec::new(),
-        });
-        let by_id = (cfg.scrape == Scrape::Cid).then(|| {
-            qpw.per_cid(|_| IdStats {
-                requests: 0,
-                service_ns: histogram(),
-            })
-        });
+        let (qpw, housekeeping, serving) = build_instance(cfg)?;
+        let (state, by_id) = new_state(&qpw, cfg.scrape);
         let stop = Arc::new(AtomicBool::new(false));
-        let mut servers = Vec::new();
-        for cpu in serving.iter() {
-            let sock = UdpSocket::bind("127.0.0.1:0").context("cannot bind a UDP socket")?;
-            grow_receive_buffer(&sock);
-            match cfg.poll {
-                Poll::Busy => sock.set_nonblocking(true)?,
-                Poll::Block => sock.set_read_timeout(Some(Duration::from_millis(20)))?,
-            }
-            let addr = sock.local_addr()?;
-            let tid = Arc::new(AtomicI32::new(0));
-            let (qpw2, state, stop, tid2) = (qpw.clone(), state.clone(), stop.clone(), tid.clone());
-            let by_id = by_id.clone();
-            let handle = std::thread::Builder::new()
-                .name(format!("serve/{cpu}"))
-                .spawn(move || serve(&qpw2, cpu, &sock, &state, by_id.as_ref(), &stop, &tid2))?;
-            servers.push(Server {
-                cpu,
-                addr,
-                tid,
-                handle,
-            });
-        }
-        // Wait for every server to be bound to its CPU and to know its thread id.
-        let t0 = Instant::now();
-        while servers.iter().any(|s| s.tid.load(Ordering::Acquire) == 0) {
-            if t0.elapsed() > Duration::from_secs(5)
-                || servers.iter().any(|s| s.handle.is_finished())
-            {
-                stop.store(true, Ordering::Release);
-                for s in servers {
-                    if let Ok(Err(e)) = s.handle.join() {
-                        return Err(e);
-                    }
-                }
-                bail!("a serving thread did not start");
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let servers = start_servers(&qpw, &serving, cfg.poll, &state, by_id.as_ref(), &stop)?;
+        let servers = wait_until_bound(servers, &stop)?;
 
         let metrics = Arc::new(Mutex::new(Metrics::new()));
         let scrape_times = Arc::new(Mutex::new(histogram()));
-        let scrape_once: Arc<dyn Fn() -> Result<()> + Send + Sync> = match cfg.scrape {
-            Scrape::Work => {
-                let collector = qpw.collector(&state, |_cpu, s| take(s))?;
-                let metrics = metrics.clone();
-                Arc::new(move || {
-                    let (taken, report) = collector.collect_timeout(Duration::from_secs(5));
-                    lock(&metrics).add(taken);
-                    report
-                        .into_result()
-                        .map(|_| ())
-                        .map_err(|e| anyhow!("a scrape failed: {e}"))
-                })
-            }
-            Scrape::Walk => {
-                let (state, metrics) = (state.clone(), metrics.clone());
-                Arc::new(move || {
-                    let taken = state.take_each(|_cpu, s| take(s));
-                    lock(&metrics).add(taken);
-                    Ok(())
-                })
-            }
-            Scrape::Cid => {
-                let (by_id, metrics) = (by_id.clone(), metrics.clone());
-                Arc::new(move || {
-                    let Some(by_id) = &by_id else {
-                        return Ok(());
-                    };
-                    let taken = by_id
-                        .take_each(|s| take_counts(&mut s.requests, &mut s.service_ns))
-                        .map_err(|e| anyhow!("a scrape failed: {e}"))?;
-                    lock(&metrics).add(taken);
-                    Ok(())
-                })
-            }
-        };
-        let scraper = if cfg.scrape_rate > 0.0 {
-            let (qpw2, stop, once, times) = (
-                qpw.clone(),
-                stop.clone(),
-                scrape_once.clone(),
-                scrape_times.clone(),
-            );
-            let period = Duration::from_secs_f64(1.0 / cfg.scrape_rate);
-            Some(
-                std::thread::Builder::new()
-                    .name("metrics".into())
-                    .spawn(move || {
-                        let _bound = qpw2.bind_current(housekeeping);
-                        let mut next = Instant::now();
-                        while !stop.load(Ordering::Acquire) {
-                            next += period;
-                            let t = Instant::now();
-                            if let Err(e) = once() {
-                                eprintln!("service: {e}");
-                            }
-                            let _ = lock(&times).record(t.elapsed().as_nanos().max(1) as u64);
-                            let now = Instant::now();
-                            if next > now {
-                                std::thread::sleep(next - now);
-                            } else {
-                                next = now; // behind: do not burst to catch up
-                            }
-                        }
-                    })?,
-            )
-        } else {
-            None
-        };
+        let scrape_once = scrape_fn(cfg.scrape, &qpw, &state, by_id.as_ref(), &metrics)?;
+        let scraper = start_scraper(
+            cfg.scrape_rate,
+            (&qpw, housekeeping),
+            &stop,
+            &scrape_once,
+            &scrape_times,
+        )?;
         let http = match cfg.http_port {
             Some(port) => Some(serve_http(
                 port,
@@ -210,6 +110,7 @@ impl Service {
             )?),
             None => None,
         };
+        let shared_cpu = qpw.cpus().len() == 1;
         Ok(Self {
             qpw,
             servers,
@@ -220,7 +121,7 @@ impl Service {
             scrape_once,
             http,
             housekeeping,
-            shared_cpu: cpus.len() == 1,
+            shared_cpu,
         })
     }
 
