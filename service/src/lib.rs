@@ -23,6 +23,8 @@
 //! [`Policy::Auto`]: qpw_core::Policy::Auto
 //! [`Qpw::collector`]: qpw_core::Qpw::collector
 
+#![warn(missing_docs, unsafe_op_in_unsafe_fn)]
+
 mod config;
 mod http;
 mod latency;
