@@ -124,70 +124,10 @@ impl Builder {
                 return Err(Error::PriorityOutOfRange { priority });
             }
         }
-        let allowed = affinity::allowed_cpus()?;
-        let (managed, phys, logical) = match &self.cpus {
-            CpuSpec::Allowed => (allowed.clone(), allowed.as_slice().to_vec(), false),
-            CpuSpec::List(list) => {
-                if list.is_empty() {
-                    return Err(Error::EmptyCpuSet);
-                }
-                if let Some(cpu) = list.iter().find(|&c| !allowed.contains(c)) {
-                    return Err(Error::CpuNotAllowed { cpu, allowed });
-                }
-                (list.clone(), list.as_slice().to_vec(), false)
-            }
-            &CpuSpec::Logical(n) => {
-                let max = CpuSet::MAX_CPU + 1;
-                if n == 0 || n > max {
-                    return Err(Error::LogicalCpuCount { count: n, max });
-                }
-                let phys = (0..n)
-                    .map(|i| allowed.as_slice()[i % allowed.len()])
-                    .collect();
-                (CpuSet::first_n(n), phys, true)
-            }
-        };
-        if managed.is_empty() {
-            return Err(Error::EmptyCpuSet);
-        }
-
-        if let Some(list) = self.policy.listed() {
-            if let Some(cpu) = list.iter().find(|&c| !managed.contains(c)) {
-                return Err(Error::PolicyCpuNotManaged {
-                    policy: self.policy.to_string(),
-                    cpu,
-                    managed,
-                });
-            }
-        }
-
-        // Only the policies that follow the isolation read the topology (a sysfs root given
-        // for another policy is not even opened).
-        let needs_topology = self.policy.follows_isolation();
-        let topology = match (self.topology, self.sysfs_root) {
-            _ if !needs_topology => None,
-            (Some(t), _) => Some(t),
-            (None, Some(root)) => Some(Topology::read_from(root)?),
-            (None, None) => Some(Topology::read()?),
-        };
-        let isolated = match &topology {
-            Some(t) => t.isolated_or_nohz_full().union(&self.declared_isolated),
-            None => CpuSet::default(),
-        };
-
-        // A logical CPU takes the isolation of the physical CPU it runs on.
-        let modes: Vec<Mode> = phys
-            .iter()
-            .zip(managed.iter())
-            .map(|(&p, id)| {
-                let key = if logical { p } else { id };
-                match self.policy.listed() {
-                    Some(_) => self.policy.mode_of(id, &isolated),
-                    None => self.policy.mode_of(key, &isolated),
-                }
-            })
-            .collect();
-
+        let (managed, phys, logical) = self.managed_cpus()?;
+        self.check_policy_cpus(&managed)?;
+        let isolated = self.isolated_cpus()?;
+        let modes = self.modes(&managed, &phys, logical, &isolated);
         let mut index = vec![usize::MAX; managed.last().map_or(0, |c| c + 1)];
         for (idx, cpu) in managed.iter().enumerate() {
             index[cpu] = idx;
@@ -217,6 +157,98 @@ impl Builder {
             }
         }
         Ok(qpw)
+    }
+
+    /// The managed CPUs, the physical CPU each runs on, and whether they are logical CPUs
+    /// ([`CpuSpec::Logical`], spread round-robin over the allowed ones); refuses an empty set,
+    /// a CPU the process may not run on and a logical count out of range.
+    fn managed_cpus(&self) -> Result<(CpuSet, Vec<usize>, bool)> {
+        let allowed = affinity::allowed_cpus()?;
+        let (managed, phys, logical) = match &self.cpus {
+            CpuSpec::Allowed => (allowed.clone(), allowed.as_slice().to_vec(), false),
+            CpuSpec::List(list) => {
+                if list.is_empty() {
+                    return Err(Error::EmptyCpuSet);
+                }
+                if let Some(cpu) = list.iter().find(|&c| !allowed.contains(c)) {
+                    return Err(Error::CpuNotAllowed { cpu, allowed });
+                }
+                (list.clone(), list.as_slice().to_vec(), false)
+            }
+            &CpuSpec::Logical(n) => {
+                let max = CpuSet::MAX_CPU + 1;
+                if n == 0 || n > max {
+                    return Err(Error::LogicalCpuCount { count: n, max });
+                }
+                let phys = (0..n)
+                    .map(|i| allowed.as_slice()[i % allowed.len()])
+                    .collect();
+                (CpuSet::first_n(n), phys, true)
+            }
+        };
+        if managed.is_empty() {
+            return Err(Error::EmptyCpuSet);
+        }
+        Ok((managed, phys, logical))
+    }
+
+    /// Refuses a policy whose list names a CPU the instance does not manage.
+    fn check_policy_cpus(&self, managed: &CpuSet) -> Result<()> {
+        if let Some(list) = self.policy.listed() {
+            if let Some(cpu) = list.iter().find(|&c| !managed.contains(c)) {
+                return Err(Error::PolicyCpuNotManaged {
+                    policy: self.policy.to_string(),
+                    cpu,
+                    managed: managed.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The isolated CPUs, for the policies that follow the isolation: the topology's isolated
+    /// and `nohz_full` CPUs and those declared so. Only those policies read the topology (a
+    /// sysfs root given for another policy is not even opened); for the others, none.
+    fn isolated_cpus(&self) -> Result<CpuSet> {
+        if !self.policy.follows_isolation() {
+            return Ok(CpuSet::default());
+        }
+        let read;
+        let topology = match (&self.topology, &self.sysfs_root) {
+            (Some(t), _) => t,
+            (None, Some(root)) => {
+                read = Topology::read_from(root)?;
+                &read
+            }
+            (None, None) => {
+                read = Topology::read()?;
+                &read
+            }
+        };
+        Ok(topology
+            .isolated_or_nohz_full()
+            .union(&self.declared_isolated))
+    }
+
+    /// Each managed CPU's mode under the policy. A logical CPU takes the isolation of the
+    /// physical CPU it runs on; a policy's list names managed CPUs as they are numbered.
+    fn modes(
+        &self,
+        managed: &CpuSet,
+        phys: &[usize],
+        logical: bool,
+        isolated: &CpuSet,
+    ) -> Vec<Mode> {
+        phys.iter()
+            .zip(managed.iter())
+            .map(|(&p, id)| {
+                let key = if logical { p } else { id };
+                match self.policy.listed() {
+                    Some(_) => self.policy.mode_of(id, isolated),
+                    None => self.policy.mode_of(key, isolated),
+                }
+            })
+            .collect()
     }
 }
 
