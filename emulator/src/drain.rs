@@ -32,22 +32,103 @@ pub fn resolve_drain(
     force: bool,
 ) -> Result<Option<DrainSpec>> {
     // Check every value even when the load is off, so a typo never passes silently.
-    let rate = args
-        .drain_rate
-        .as_deref()
-        .map(|r| validate::float_in("--drain-rate", r, 0.0, 100_000.0))
-        .transpose()?;
-    let load = validate::on_off("--load", &args.load)?;
-    let every = validate::op_interval("--local-op-every", &args.local_op_every)?;
-    let timeout = validate::int_in("--drain-timeout", &args.drain_timeout, 1, 60_000)?;
-    let stall_threshold = validate::int_in("--stall-threshold", &args.stall_threshold, 1, 60_000)?;
-    if stall_threshold > timeout {
-        bail!(
-            "--stall-threshold {stall_threshold}: longer than --drain-timeout {timeout}, so no \
-             stall could ever count (a drain gives up at the timeout); give a threshold of 1 to \
-             {timeout} ms, or a longer --drain-timeout"
-        );
+    let values = DrainValues::checked(args)?;
+    let (mode, workload, requester) = choices(args, cpus, measured)?;
+    if args.mode.is_none() && workload.is_none() {
+        return Ok(None);
     }
+    let requester_cpu = match requester {
+        Some(c) => c,
+        None => cpus.housekeeping(measured).ok_or_else(|| {
+            anyhow!(
+                "no CPU is left for the requester: every allowed CPU ({}) is measured",
+                cpus.allowed
+            )
+        })?,
+    };
+    let load_cpus = if values.load {
+        cpus.allowed.difference(measured)
+    } else {
+        CpuSet::new()
+    };
+    let workload = workload.unwrap_or_else(WorkloadName::default_mm);
+    let kernel_ready = kernel_ready(args, workload, mode)?;
+    let rate = match (values.rate, workload.kernel()) {
+        (Some(r), _) => r,
+        (None, Some(k)) => k.default_rate_hz(),
+        (None, None) => 1000.0,
+    };
+    let target_cpu = measured
+        .first()
+        .ok_or_else(|| anyhow!("no CPU is measured"))?;
+    Ok(Some(DrainSpec {
+        mode: mode.unwrap_or_else(|| auto_mode(cpus, target_cpu)),
+        workload,
+        drain_rate_hz: rate,
+        force,
+        timeout: Duration::from_millis(values.timeout),
+        stall_threshold: Duration::from_millis(values.stall_threshold),
+        load_cpus,
+        requester_cpu,
+        local_op_every: values.every,
+        owner_polls: false,
+        requester_prio: None,
+        target_cpu,
+        kernel_ready,
+    }))
+}
+
+/// The drain's numbers and switches, each checked against its legal range.
+struct DrainValues {
+    /// `--drain-rate`, when given.
+    rate: Option<f64>,
+    /// `--load`: whether the other CPUs run the load.
+    load: bool,
+    /// `--local-op-every`.
+    every: Duration,
+    /// `--drain-timeout`, in milliseconds.
+    timeout: u64,
+    /// `--stall-threshold`, in milliseconds.
+    stall_threshold: u64,
+}
+
+impl DrainValues {
+    /// Checks each value, then that the stall threshold fits in the drain timeout.
+    fn checked(args: &DrainArgs) -> Result<Self> {
+        let rate = args
+            .drain_rate
+            .as_deref()
+            .map(|r| validate::float_in("--drain-rate", r, 0.0, 100_000.0))
+            .transpose()?;
+        let load = validate::on_off("--load", &args.load)?;
+        let every = validate::op_interval("--local-op-every", &args.local_op_every)?;
+        let timeout = validate::int_in("--drain-timeout", &args.drain_timeout, 1, 60_000)?;
+        let stall_threshold =
+            validate::int_in("--stall-threshold", &args.stall_threshold, 1, 60_000)?;
+        if stall_threshold > timeout {
+            bail!(
+                "--stall-threshold {stall_threshold}: longer than --drain-timeout {timeout}, so \
+                 no stall could ever count (a drain gives up at the timeout); give a threshold \
+                 of 1 to {timeout} ms, or a longer --drain-timeout"
+            );
+        }
+        Ok(DrainValues {
+            rate,
+            load,
+            every,
+            timeout,
+            stall_threshold,
+        })
+    }
+}
+
+/// The mode, workload and requester CPU asked for, each checked; the requester must not be a
+/// measured CPU.
+fn choices(
+    args: &DrainArgs,
+    cpus: &Cpus,
+    measured: &CpuSet,
+) -> Result<(Option<Mode>, Option<WorkloadName>, Option<usize>)> {
     // `auto` (or no --mode) is the kernel's rule (FIDELITY 5), for the measured CPU: remote when
     // it is isolated or nohz_full, queue otherwise.
     let mode = match args.mode.as_deref() {
@@ -75,59 +156,28 @@ pub fn resolve_drain(
             cpus.allowed
         );
     }
-    if args.mode.is_none() && workload.is_none() {
-        return Ok(None);
+    Ok((mode, workload, requester))
+}
+
+/// For a kernel workload: refuses a remote `--mode` (the kernel picks its own), then checks
+/// now, before any set-up, that the kernel's drain can run here.
+fn kernel_ready(
+    args: &DrainArgs,
+    workload: WorkloadName,
+    mode: Option<Mode>,
+) -> Result<crate::kernel::Ready> {
+    let Some(k) = workload.kernel() else {
+        return Ok(crate::kernel::Ready::default());
+    };
+    if let Some(m) = mode.filter(|m| m.is_remote()) {
+        bail!(
+            "--mode {m} {} {k}: the running kernel decides its own mode (see \
+             `qpw-emu trace`'s kernel report); leave --mode out for kernel workloads",
+            args.workload_flag
+        );
     }
-    let requester_cpu = match requester {
-        Some(c) => c,
-        None => cpus.housekeeping(measured).ok_or_else(|| {
-            anyhow!(
-                "no CPU is left for the requester: every allowed CPU ({}) is measured",
-                cpus.allowed
-            )
-        })?,
-    };
-    let load_cpus = if load {
-        cpus.allowed.difference(measured)
-    } else {
-        CpuSet::new()
-    };
-    let workload = workload.unwrap_or_else(WorkloadName::default_mm);
-    let mut kernel_ready = crate::kernel::Ready::default();
-    if let Some(k) = workload.kernel() {
-        if let Some(m) = mode.filter(|m| m.is_remote()) {
-            bail!(
-                "--mode {m} {} {k}: the running kernel decides its own mode (see \
-                 `qpw-emu trace`'s kernel report); leave --mode out for kernel workloads",
-                args.workload_flag
-            );
-        }
-        // Refuse now, before any set-up, when the kernel's drain cannot run here.
-        kernel_ready = crate::kernel::preflight(k)?;
-    }
-    let rate = match (rate, workload.kernel()) {
-        (Some(r), _) => r,
-        (None, Some(k)) => k.default_rate_hz(),
-        (None, None) => 1000.0,
-    };
-    let target_cpu = measured
-        .first()
-        .ok_or_else(|| anyhow!("no CPU is measured"))?;
-    Ok(Some(DrainSpec {
-        mode: mode.unwrap_or_else(|| auto_mode(cpus, target_cpu)),
-        workload,
-        drain_rate_hz: rate,
-        force,
-        timeout: Duration::from_millis(timeout),
-        stall_threshold: Duration::from_millis(stall_threshold),
-        load_cpus,
-        requester_cpu,
-        local_op_every: every,
-        owner_polls: false,
-        requester_prio: None,
-        target_cpu,
-        kernel_ready,
-    }))
+    // Refuse now, before any set-up, when the kernel's drain cannot run here.
+    crate::kernel::preflight(k)
 }
 
 /// The kernel's rule for one CPU (`pwlocks=` auto-enabled by isolation, per CPU as qpw-core's

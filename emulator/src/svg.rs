@@ -379,39 +379,11 @@ fn label_of_value(us: f64) -> String {
 pub fn histogram(title: &str, series: &[Series]) -> String {
     let mut svg = Svg::default();
     let xa = x_axis(series);
-    let n_bins = ((xa.hi - xa.lo) * BINS_PER_DECADE).round().max(1.0) as usize;
-    let bin_of = |x: f64| {
-        (((x.max(1e-300).log10() - xa.lo) * BINS_PER_DECADE)
-            .floor()
-            .max(0.0) as usize)
-            .min(n_bins - 1)
+    let bins = Bins {
+        lo: xa.lo,
+        n: ((xa.hi - xa.lo) * BINS_PER_DECADE).round().max(1.0) as usize,
     };
-    let edge = |b: usize| 10f64.powf(xa.lo + b as f64 / BINS_PER_DECADE);
-    let binned: Vec<Vec<f64>> = series
-        .iter()
-        .map(|s| {
-            let mut bins = vec![0f64; n_bins];
-            for &(x, n) in &s.points {
-                match s.bucket_us.filter(|w| *w > 0.0 && x > *w) {
-                    // Spread over the bins [x - w, x) covers, by the share of it each covers.
-                    Some(w) => {
-                        let (lo, hi) = (x - w, x);
-                        for (b, bin) in bins
-                            .iter_mut()
-                            .enumerate()
-                            .take(bin_of(hi * (1.0 - 1e-12)) + 1)
-                            .skip(bin_of(lo))
-                        {
-                            let share = (hi.min(edge(b + 1)) - lo.max(edge(b))).max(0.0) / w;
-                            *bin += n as f64 * share;
-                        }
-                    }
-                    None => bins[bin_of(x)] += n as f64,
-                }
-            }
-            bins
-        })
-        .collect();
+    let binned: Vec<Vec<f64>> = series.iter().map(|s| bins.counts(s)).collect();
     let top = binned.iter().flatten().copied().fold(1.0, f64::max).ceil() as u64;
     // From half a count, so that a bin of one sits clearly above the axis.
     let frame = Frame {
@@ -432,25 +404,9 @@ pub fn histogram(title: &str, series: &[Series]) -> String {
     );
     let base = 0.5;
     let mut notes = Vec::new();
-    for (i, (s, bins)) in series.iter().zip(&binned).enumerate() {
+    for (i, (s, counts)) in series.iter().zip(&binned).enumerate() {
         let c = color(i);
-        // Runs of non-empty bins, each drawn as one step outline from and to the baseline.
-        let mut b = 0;
-        while b < n_bins {
-            if bins[b] <= 0.0 {
-                b += 1;
-                continue;
-            }
-            let mut pts = vec![frame.px(edge(b), base)];
-            while b < n_bins && bins[b] > 0.0 {
-                let y = bins[b].max(base);
-                pts.push(frame.px(edge(b), y));
-                pts.push(frame.px(edge(b + 1), y));
-                b += 1;
-            }
-            pts.push(frame.px(edge(b), base));
-            svg.polyline(&pts, c);
-        }
+        bins.draw_steps(&mut svg, &frame, counts, base, c);
         if let Some(o) = s.overflow.filter(|o| o.count > 0) {
             // Only their count and range are known: one dot for the count where they start,
             // the range dashed along the baseline. (A line at the count's height across the
@@ -473,6 +429,75 @@ pub fn histogram(title: &str, series: &[Series]) -> String {
     notes.push(("triangle: the largest sample".to_string(), "#444"));
     legend(&mut svg, series, &notes);
     svg.finish()
+}
+
+/// The histogram's log-spaced bins: [`BINS_PER_DECADE`] a decade from the axis's low end.
+struct Bins {
+    /// The axis's low end, as a power of ten.
+    lo: f64,
+    /// How many bins.
+    n: usize,
+}
+
+impl Bins {
+    /// The bin `x` falls in (the first or the last one beyond the axis).
+    fn of(&self, x: f64) -> usize {
+        (((x.max(1e-300).log10() - self.lo) * BINS_PER_DECADE)
+            .floor()
+            .max(0.0) as usize)
+            .min(self.n - 1)
+    }
+
+    /// The lower edge of bin `b`.
+    fn edge(&self, b: usize) -> f64 {
+        10f64.powf(self.lo + b as f64 / BINS_PER_DECADE)
+    }
+
+    /// The counts of series `s` in each bin; a bucket of known width spread over the bins it
+    /// covers.
+    fn counts(&self, s: &Series) -> Vec<f64> {
+        let mut bins = vec![0f64; self.n];
+        for &(x, n) in &s.points {
+            match s.bucket_us.filter(|w| *w > 0.0 && x > *w) {
+                // Spread over the bins [x - w, x) covers, by the share of it each covers.
+                Some(w) => {
+                    let (lo, hi) = (x - w, x);
+                    for (b, bin) in bins
+                        .iter_mut()
+                        .enumerate()
+                        .take(self.of(hi * (1.0 - 1e-12)) + 1)
+                        .skip(self.of(lo))
+                    {
+                        let share = (hi.min(self.edge(b + 1)) - lo.max(self.edge(b))).max(0.0) / w;
+                        *bin += n as f64 * share;
+                    }
+                }
+                None => bins[self.of(x)] += n as f64,
+            }
+        }
+        bins
+    }
+
+    /// Runs of non-empty bins of `counts`, each drawn as one step outline from and to the
+    /// baseline `base`, in colour `c`.
+    fn draw_steps(&self, svg: &mut Svg, frame: &Frame, counts: &[f64], base: f64, c: &str) {
+        let mut b = 0;
+        while b < self.n {
+            if counts[b] <= 0.0 {
+                b += 1;
+                continue;
+            }
+            let mut pts = vec![frame.px(self.edge(b), base)];
+            while b < self.n && counts[b] > 0.0 {
+                let y = counts[b].max(base);
+                pts.push(frame.px(self.edge(b), y));
+                pts.push(frame.px(self.edge(b + 1), y));
+                b += 1;
+            }
+            pts.push(frame.px(self.edge(b), base));
+            svg.polyline(&pts, c);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -389,6 +389,81 @@ fn row_line(s: &mut String, r: &Row, nw: usize) {
     );
 }
 
+/// Whether a row shows the figure a line of the legend explains.
+type Shows = fn(&Row) -> bool;
+
+/// The legend's lines after the first, each with the test on a row that shows the figure it
+/// explains.
+const LEGEND: [(Shows, &str); 10] = [
+    (
+        |r| r.interruptions.is_some() || r.excess_per_drain.is_some(),
+        "interrupt: gaps at or above the threshold over the scenario (per s: the same per \
+         second); per drain: the interruptions beyond the idle baseline's rate, per drain \
+         that reached the target (the median of the rounds, ± its standard error with two \
+         rounds or more; left out where a round has few drains)",
+    ),
+    (
+        |r| r.drains.is_some(),
+        "requester: drains made, the time each took (p50, p99, max, in us, from the call to \
+         its return) and stalls (drains that waited --stall-threshold or longer)",
+    ),
+    (
+        |r| r.preemptions_per_drain.is_some(),
+        "switch: the probe thread's context switches per drain that reached the target, \
+         involuntary (preempted) plus voluntary (it slept: on its CPU's lock while a drain \
+         held it, for instance); a vCPU not running does not count: queue mode 1 to 2 (the \
+         worker's wake-up, and a sleep where the probe then finds the worker holding its \
+         lock), remote and fenced about 0",
+    ),
+    (
+        |r| r.local_op_ns.is_some(),
+        "op ns: the median time of the probe's own local operation, the owner's cost: the \
+         workload's whole operation under its CPU's lock (taking and releasing the lock, a \
+         compare-and-swap pair in queue and remote mode, a restartable sequence in fenced \
+         mode, plus the work done under it), run once per --local-op-every, so from a cache \
+         the probe's loop has not kept warm; timed alone with one clock read (lfence + \
+         rdtsc) included, to the nanosecond",
+    ),
+    (
+        |r| {
+            r.workload
+                .as_deref()
+                .is_some_and(|w| w.starts_with("kernel-"))
+        },
+        "kernel-* rows: the requester's columns time the trigger's whole write() (for \
+         kernel-lru a memory compaction), not the drain, whose runs on the target the \
+         kernel table below times from the trace; their `switch` counts the filler's \
+         preemptions of the probe too (it fills the target's caches before each trigger), \
+         and `per drain` is left out: they run without the probe's local operation and the \
+         load, unlike the idle baseline, so the trace's gaps per drain (gaps/d, below) is \
+         their figure",
+    ),
+    (
+        |r| r.during_local_op.is_some(),
+        "in op: of the interruptions, those in which the probe was doing its own local \
+         operation (waiting for its CPU's lock), not preempted by someone else",
+    ),
+    (
+        |r| r.interrupted,
+        "! cut short by Ctrl-C: its figures cover less time than the others'",
+    ),
+    (
+        |r| r.from_buckets && r.tool == "oslat",
+        "* oslat file: percentiles read off its histogram, whose keys are bucket upper edges \
+         (the file has no exact ones)",
+    ),
+    (
+        |r| r.from_buckets && r.tool == "cyclictest",
+        "* cyclictest file: percentiles read off its histogram, whose keys are latencies in \
+         whole us as cyclictest records them (key k holds [k, k+1) us: a lower edge)",
+    ),
+    (
+        |r| r.at_least.contains(&true),
+        ">=v: the percentile's rank falls among overflows, known only to be at least v us \
+         (cyclictest's latencies past -h; oslat's last bucket)",
+    ),
+];
+
 /// What the columns mean: each line only where a row has the figure it explains.
 fn legend(s: &mut String, rows: &[Row]) {
     let _ = writeln!(
@@ -397,98 +472,10 @@ fn legend(s: &mut String, rows: &[Row]) {
          us; on a virtual machine a maximum of milliseconds is mostly the host running \
          something else (the vCPU's steal time in /proc/stat), which no mode changes"
     );
-    if rows
-        .iter()
-        .any(|r| r.interruptions.is_some() || r.excess_per_drain.is_some())
-    {
-        let _ = writeln!(
-            s,
-            "interrupt: gaps at or above the threshold over the scenario (per s: the same per \
-             second); per drain: the interruptions beyond the idle baseline's rate, per drain \
-             that reached the target (the median of the rounds, ± its standard error with two \
-             rounds or more; left out where a round has few drains)"
-        );
-    }
-    if rows.iter().any(|r| r.drains.is_some()) {
-        let _ = writeln!(
-            s,
-            "requester: drains made, the time each took (p50, p99, max, in us, from the call to \
-             its return) and stalls (drains that waited --stall-threshold or longer)"
-        );
-    }
-    if rows.iter().any(|r| r.preemptions_per_drain.is_some()) {
-        let _ = writeln!(
-            s,
-            "switch: the probe thread's context switches per drain that reached the target, \
-             involuntary (preempted) plus voluntary (it slept: on its CPU's lock while a drain \
-             held it, for instance); a vCPU not running does not count: queue mode 1 to 2 (the \
-             worker's wake-up, and a sleep where the probe then finds the worker holding its \
-             lock), remote and fenced about 0"
-        );
-    }
-    if rows.iter().any(|r| r.local_op_ns.is_some()) {
-        let _ = writeln!(
-            s,
-            "op ns: the median time of the probe's own local operation, the owner's cost: the \
-             workload's whole operation under its CPU's lock (taking and releasing the lock, a \
-             compare-and-swap pair in queue and remote mode, a restartable sequence in fenced \
-             mode, plus the work done under it), run once per --local-op-every, so from a cache \
-             the probe's loop has not kept warm; timed alone with one clock read (lfence + \
-             rdtsc) included, to the nanosecond"
-        );
-    }
-    if rows.iter().any(|r| {
-        r.workload
-            .as_deref()
-            .is_some_and(|w| w.starts_with("kernel-"))
-    }) {
-        let _ = writeln!(
-            s,
-            "kernel-* rows: the requester's columns time the trigger's whole write() (for \
-             kernel-lru a memory compaction), not the drain, whose runs on the target the \
-             kernel table below times from the trace; their `switch` counts the filler's \
-             preemptions of the probe too (it fills the target's caches before each trigger), \
-             and `per drain` is left out: they run without the probe's local operation and the \
-             load, unlike the idle baseline, so the trace's gaps per drain (gaps/d, below) is \
-             their figure"
-        );
-    }
-    if rows.iter().any(|r| r.during_local_op.is_some()) {
-        let _ = writeln!(
-            s,
-            "in op: of the interruptions, those in which the probe was doing its own local \
-             operation (waiting for its CPU's lock), not preempted by someone else"
-        );
-    }
-    if rows.iter().any(|r| r.interrupted) {
-        let _ = writeln!(
-            s,
-            "! cut short by Ctrl-C: its figures cover less time than the others'"
-        );
-    }
-    if rows.iter().any(|r| r.from_buckets && r.tool == "oslat") {
-        let _ = writeln!(
-            s,
-            "* oslat file: percentiles read off its histogram, whose keys are bucket upper edges \
-             (the file has no exact ones)"
-        );
-    }
-    if rows
-        .iter()
-        .any(|r| r.from_buckets && r.tool == "cyclictest")
-    {
-        let _ = writeln!(
-            s,
-            "* cyclictest file: percentiles read off its histogram, whose keys are latencies in \
-             whole us as cyclictest records them (key k holds [k, k+1) us: a lower edge)"
-        );
-    }
-    if rows.iter().any(|r| r.at_least.contains(&true)) {
-        let _ = writeln!(
-            s,
-            ">=v: the percentile's rank falls among overflows, known only to be at least v us \
-             (cyclictest's latencies past -h; oslat's last bucket)"
-        );
+    for (shown, line) in LEGEND {
+        if rows.iter().any(shown) {
+            let _ = writeln!(s, "{line}");
+        }
     }
 }
 

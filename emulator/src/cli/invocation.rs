@@ -203,42 +203,8 @@ pub fn cyclictest_getopt(args: &mut Vec<std::ffi::OsString>) -> Result<bool, i32
     let Some(sub) = cmd.find_subcommand("cyclictest") else {
         return Ok(false);
     };
-    // How each option takes its argument: 0 none, 1 required, 2 optional.
-    let takes = |a: &clap::Arg| match a.get_num_args() {
-        Some(n) if n.min_values() == 1 => 1,
-        Some(n) if n.max_values() == 1 => 2,
-        _ => 0,
-    };
-    let by_short = |c: char| sub.get_arguments().find(|a| a.get_short() == Some(c));
-    let by_long = |name: &str| {
-        let exact = sub.get_arguments().find(|a| a.get_long() == Some(name));
-        let mut prefixed = sub
-            .get_arguments()
-            .filter(|a| a.get_long().is_some_and(|l| l.starts_with(name)));
-        exact.or_else(|| match (prefixed.next(), prefixed.next()) {
-            (Some(a), None) => Some(a),
-            _ => None,
-        })
-    };
-    // 2.4's test for taking the next word as an optional argument: atoi() of it is not 0.
-    let atoi_nonzero = |w: &str| {
-        let t = w.trim_start();
-        let t = t.strip_prefix(['+', '-']).unwrap_or(t);
-        t.chars().take_while(char::is_ascii_digit).any(|c| c != '0')
-    };
-    // What one option changes in the order's state: `-v` noted, `-S` after `-a` fatal.
-    fn seen(id: &str, affinity_seen: bool, verbose_seen: &mut bool) -> Result<(), i32> {
-        match id {
-            "verbose" => *verbose_seen = true,
-            "smp" if affinity_seen => {
-                eprintln!("FATAL: numa and smp options are mutually exclusive");
-                return Err(1);
-            }
-            _ => {}
-        }
-        Ok(())
-    }
-    let (mut affinity_seen, mut verbose_seen, mut verbose_before_affinity) = (false, false, false);
+    let options = Getopt { sub };
+    let mut order = Order::default();
     let mut moved = Vec::new();
     let mut i = 2;
     while i < args.len() {
@@ -249,52 +215,20 @@ pub fn cyclictest_getopt(args: &mut Vec<std::ffi::OsString>) -> Result<bool, i32
         if word == "--" {
             break;
         }
-        // The option this word is, and whether its argument is attached.
-        let (arg, attached) = if let Some(long) = word.strip_prefix("--") {
-            let (name, value) = match long.split_once('=') {
-                Some((n, _)) => (n, true),
-                None => (long, false),
-            };
-            (by_long(name), value)
-        } else if word.len() > 1 && word.starts_with('-') {
-            // A cluster of short options: walk it until one takes an argument.
-            let mut found = (None, false);
-            for (at, c) in word.char_indices().skip(1) {
-                let Some(a) = by_short(c) else { break };
-                if takes(a) > 0 {
-                    found = (Some(a), at + c.len_utf8() < word.len());
-                    break;
-                }
-                seen(a.get_id().as_str(), affinity_seen, &mut verbose_seen)?;
-            }
-            found
-        } else {
-            (None, false)
-        };
+        let (arg, attached) = options.option_of(&word, &mut order)?;
         i += 1;
         let Some(a) = arg else { continue };
-        seen(a.get_id().as_str(), affinity_seen, &mut verbose_seen)?;
+        order.seen(a.get_id().as_str())?;
         let id = a.get_id().as_str().to_string();
         if id == "affinity" {
-            affinity_seen = true;
+            order.affinity_seen = true;
         }
-        match takes(a) {
+        match Getopt::takes(a) {
             1 if !attached => i += 1,
-            2 if !attached => {
-                let next = args.get(i).and_then(|w| w.to_str()).map(str::to_string);
-                let Some(next) = next else { continue };
-                let theirs = atoi_nonzero(&next)
-                    || (id == "affinity" && next.starts_with(['0', '!', '+', 'a']));
-                if id == "affinity" && verbose_seen {
-                    verbose_before_affinity = theirs;
-                }
-                if theirs {
-                    i += 1;
-                } else if !next.starts_with('-') {
-                    moved.push(args.remove(i));
-                }
+            2 if !attached => order.optional_argument(args, &mut i, &id, &mut moved),
+            _ if id == "affinity" && order.verbose_seen => {
+                order.verbose_before_affinity = attached;
             }
-            _ if id == "affinity" && verbose_seen => verbose_before_affinity = attached,
             _ => {}
         }
     }
@@ -304,7 +238,130 @@ pub fn cyclictest_getopt(args: &mut Vec<std::ffi::OsString>) -> Result<bool, i32
         }
         args.extend(moved);
     }
-    Ok(verbose_before_affinity)
+    Ok(order.verbose_before_affinity)
+}
+
+/// cyclictest's options as getopt finds them in a word: by short letter, by long name or by a
+/// long name's unique prefix.
+struct Getopt<'a> {
+    /// The built `cyclictest` subcommand.
+    sub: &'a clap::Command,
+}
+
+impl<'a> Getopt<'a> {
+    /// How an option takes its argument: 0 none, 1 required, 2 optional.
+    fn takes(a: &clap::Arg) -> u8 {
+        match a.get_num_args() {
+            Some(n) if n.min_values() == 1 => 1,
+            Some(n) if n.max_values() == 1 => 2,
+            _ => 0,
+        }
+    }
+
+    /// The option with short letter `c`.
+    fn by_short(&self, c: char) -> Option<&'a clap::Arg> {
+        self.sub.get_arguments().find(|a| a.get_short() == Some(c))
+    }
+
+    /// The option with long name `name`, or the only one whose long name starts with it.
+    fn by_long(&self, name: &str) -> Option<&'a clap::Arg> {
+        let exact = self
+            .sub
+            .get_arguments()
+            .find(|a| a.get_long() == Some(name));
+        let mut prefixed = self
+            .sub
+            .get_arguments()
+            .filter(|a| a.get_long().is_some_and(|l| l.starts_with(name)));
+        exact.or_else(|| match (prefixed.next(), prefixed.next()) {
+            (Some(a), None) => Some(a),
+            _ => None,
+        })
+    }
+
+    /// The option `word` is, and whether its argument is attached. In a cluster of short
+    /// options, the ones before the first that takes an argument are noted in `order`.
+    fn option_of(
+        &self,
+        word: &str,
+        order: &mut Order,
+    ) -> Result<(Option<&'a clap::Arg>, bool), i32> {
+        if let Some(long) = word.strip_prefix("--") {
+            let (name, value) = match long.split_once('=') {
+                Some((n, _)) => (n, true),
+                None => (long, false),
+            };
+            return Ok((self.by_long(name), value));
+        }
+        if !(word.len() > 1 && word.starts_with('-')) {
+            return Ok((None, false));
+        }
+        // A cluster of short options: walk it until one takes an argument.
+        for (at, c) in word.char_indices().skip(1) {
+            let Some(a) = self.by_short(c) else { break };
+            if Self::takes(a) > 0 {
+                return Ok((Some(a), at + c.len_utf8() < word.len()));
+            }
+            order.seen(a.get_id().as_str())?;
+        }
+        Ok((None, false))
+    }
+}
+
+/// What the order of cyclictest's options has shown so far.
+#[derive(Default)]
+struct Order {
+    /// `-a` was given.
+    affinity_seen: bool,
+    /// `-v` was given.
+    verbose_seen: bool,
+    /// `-v` came before an `-a` with a CPU set: the flag [`cyclictest_getopt`] returns.
+    verbose_before_affinity: bool,
+}
+
+impl Order {
+    /// What one option changes in the order's state: `-v` noted, `-S` after `-a` fatal.
+    fn seen(&mut self, id: &str) -> Result<(), i32> {
+        match id {
+            "verbose" => self.verbose_seen = true,
+            "smp" if self.affinity_seen => {
+                eprintln!("FATAL: numa and smp options are mutually exclusive");
+                return Err(1);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// An option `id` with an optional argument not attached: takes the word at `i` as it
+    /// when 2.4 would (stepping `i` past it), or moves it into `moved` when 2.4 ignores it.
+    fn optional_argument(
+        &mut self,
+        args: &mut Vec<std::ffi::OsString>,
+        i: &mut usize,
+        id: &str,
+        moved: &mut Vec<std::ffi::OsString>,
+    ) {
+        let next = args.get(*i).and_then(|w| w.to_str()).map(str::to_string);
+        let Some(next) = next else { return };
+        let theirs =
+            atoi_nonzero(&next) || (id == "affinity" && next.starts_with(['0', '!', '+', 'a']));
+        if id == "affinity" && self.verbose_seen {
+            self.verbose_before_affinity = theirs;
+        }
+        if theirs {
+            *i += 1;
+        } else if !next.starts_with('-') {
+            moved.push(args.remove(*i));
+        }
+    }
+}
+
+/// 2.4's test for taking the next word as an optional argument: atoi() of it is not 0.
+fn atoi_nonzero(w: &str) -> bool {
+    let t = w.trim_start();
+    let t = t.strip_prefix(['+', '-']).unwrap_or(t);
+    t.chars().take_while(char::is_ascii_digit).any(|c| c != '0')
 }
 
 /// A subcommand's `--help` text, as the drop-ins' refusals print it for their usage.

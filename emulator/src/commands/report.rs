@@ -282,85 +282,99 @@ fn histogram_total(i: usize, points: &[(f64, u64)]) -> std::result::Result<u64, 
 /// The threads of one file, checked: keys that are latencies, counts that add up.
 fn views(path: &Path, loaded: &Loaded) -> Result<Vec<ThreadView>> {
     let bad = |i: usize, e: String| anyhow!("{}: thread {i}: {e}", path.display());
-    let mut out = Vec::new();
     match loaded {
-        Loaded::Summary => {}
-        Loaded::Oslat(doc) => {
-            // oslat's buckets are 1 us; ours say their width.
-            let width_us = doc
-                .body
-                .qpw
-                .settings
-                .as_ref()
-                .map_or(1.0, |s| s.bucket_width_ns as f64 / 1000.0);
-            for (i, t) in doc.body.thread.0.iter().enumerate() {
-                let mut points = t.histogram.points().map_err(|e| bad(i, e))?;
-                histogram_total(i, &points).map_err(|e| bad(i, e))?;
-                let max = t.max.value();
-                if !max.is_finite() || max > Buckets::MAX_KEY_US {
-                    return Err(bad(i, format!("max {max} is not a latency in 0-1e9 us")));
-                }
-                // oslat's last bucket holds the overflows too: when the max lies past it, its
-                // samples are known only to be at least its lower edge.
-                let overflow = match points.last() {
-                    Some(&(key, count)) if max > key => {
-                        points.pop();
-                        Some(svg::Overflow {
-                            from_us: (key - 1.0).max(0.0),
-                            count,
-                        })
-                    }
-                    _ => None,
-                };
-                out.push(ThreadView {
-                    tool: Tool::Oslat,
-                    cpu: t.cpu,
-                    points,
-                    overflow,
-                    max_us: max,
-                    seconds: Some(t.duration),
-                    bucket_us: Some(width_us),
-                });
-            }
+        Loaded::Summary => Ok(Vec::new()),
+        Loaded::Oslat(doc) => oslat_views(doc, &bad),
+        Loaded::Cyclictest(doc) => cyclictest_views(doc, &bad),
+    }
+}
+
+/// The threads of an oslat file; `bad` says which thread is wrong and how.
+fn oslat_views(
+    doc: &Envelope<OslatBody>,
+    bad: &dyn Fn(usize, String) -> anyhow::Error,
+) -> Result<Vec<ThreadView>> {
+    // oslat's buckets are 1 us; ours say their width.
+    let width_us = doc
+        .body
+        .qpw
+        .settings
+        .as_ref()
+        .map_or(1.0, |s| s.bucket_width_ns as f64 / 1000.0);
+    let mut out = Vec::new();
+    for (i, t) in doc.body.thread.0.iter().enumerate() {
+        let mut points = t.histogram.points().map_err(|e| bad(i, e))?;
+        histogram_total(i, &points).map_err(|e| bad(i, e))?;
+        let max = t.max.value();
+        if !max.is_finite() || max > Buckets::MAX_KEY_US {
+            return Err(bad(i, format!("max {max} is not a latency in 0-1e9 us")));
         }
-        Loaded::Cyclictest(doc) => {
-            let rec = Recorded::of(&doc.cmdline);
-            for (i, t) in doc.body.thread.0.iter().enumerate() {
-                let points = t.histogram.points().map_err(|e| bad(i, e))?;
-                let in_range = histogram_total(i, &points).map_err(|e| bad(i, e))?;
-                if in_range > t.cycles {
-                    return Err(bad(
-                        i,
-                        format!(
-                            "its histogram counts {in_range} samples, more than its {} cycles",
-                            t.cycles
-                        ),
-                    ));
-                }
-                // Samples past -h count only in `cycles`.
-                let over = t.cycles - in_range;
-                let from = rec
-                    .histogram
-                    .map(|h| h as f64)
-                    .or_else(|| points.last().map(|p| p.0 + 1.0))
-                    .unwrap_or(0.0);
-                let overflow = (over > 0 && !points.is_empty()).then_some(svg::Overflow {
-                    from_us: from,
-                    count: over,
-                });
-                let interval = rec.interval_us + i as u64 * rec.distance_us;
-                out.push(ThreadView {
-                    tool: Tool::Cyclictest,
-                    cpu: t.cpu,
-                    points,
-                    overflow,
-                    max_us: t.max as f64,
-                    seconds: Some(t.cycles as f64 * interval as f64 / 1e6),
-                    // Whole-microsecond latencies as cyclictest records them: exact values.
-                    bucket_us: None,
-                });
+        // oslat's last bucket holds the overflows too: when the max lies past it, its
+        // samples are known only to be at least its lower edge.
+        let overflow = match points.last() {
+            Some(&(key, count)) if max > key => {
+                points.pop();
+                Some(svg::Overflow {
+                    from_us: (key - 1.0).max(0.0),
+                    count,
+                })
             }
+            _ => None,
+        };
+        out.push(ThreadView {
+            tool: Tool::Oslat,
+            cpu: t.cpu,
+            points,
+            overflow,
+            max_us: max,
+            seconds: Some(t.duration),
+            bucket_us: Some(width_us),
+        });
+    }
+    Ok(out)
+}
+
+/// The threads of a cyclictest file; `bad` says which thread is wrong and how.
+fn cyclictest_views(
+    doc: &Envelope<CyclictestBody>,
+    bad: &dyn Fn(usize, String) -> anyhow::Error,
+) -> Result<Vec<ThreadView>> {
+    let rec = Recorded::of(&doc.cmdline);
+    let mut out = Vec::new();
+    for (i, t) in doc.body.thread.0.iter().enumerate() {
+        let points = t.histogram.points().map_err(|e| bad(i, e))?;
+        let in_range = histogram_total(i, &points).map_err(|e| bad(i, e))?;
+        if in_range > t.cycles {
+            return Err(bad(
+                i,
+                format!(
+                    "its histogram counts {in_range} samples, more than its {} cycles",
+                    t.cycles
+                ),
+            ));
         }
+        // Samples past -h count only in `cycles`.
+        let over = t.cycles - in_range;
+        let from = rec
+            .histogram
+            .map(|h| h as f64)
+            .or_else(|| points.last().map(|p| p.0 + 1.0))
+            .unwrap_or(0.0);
+        let overflow = (over > 0 && !points.is_empty()).then_some(svg::Overflow {
+            from_us: from,
+            count: over,
+        });
+        let interval = rec.interval_us + i as u64 * rec.distance_us;
+        out.push(ThreadView {
+            tool: Tool::Cyclictest,
+            cpu: t.cpu,
+            points,
+            overflow,
+            max_us: t.max as f64,
+            seconds: Some(t.cycles as f64 * interval as f64 / 1e6),
+            // Whole-microsecond latencies as cyclictest records them: exact values.
+            bucket_us: None,
+        });
     }
     Ok(out)
 }

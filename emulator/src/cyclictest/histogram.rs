@@ -15,6 +15,31 @@ pub fn write_histogram(
     let ts = &run.threads;
     let all = histofall && ts.len() > 1;
     writeln!(out, "# Histogram")?;
+    let totals = write_buckets(out, ts, buckets, all)?;
+    write_summary(out, ts, &totals, all)?;
+    writeln!(out, "# Histogram Overflow at cycle number:")?;
+    for (i, t) in ts.iter().enumerate() {
+        let mut line = format!("# Thread {i}:");
+        for c in &t.outliers {
+            line.push_str(&format!(" {c:05}"));
+        }
+        let others = t.hist.overflow().saturating_sub(t.outliers.len() as u64);
+        if others > 0 {
+            line.push_str(&format!(" # {others:05} others"));
+        }
+        writeln!(out, "{line}")?;
+    }
+    writeln!(out)
+}
+
+/// The first `buckets` buckets, a line each with a column per thread (and the all-threads
+/// column with `all`); returns each column's total.
+fn write_buckets(
+    out: &mut impl Write,
+    ts: &[CyclicThread],
+    buckets: usize,
+    all: bool,
+) -> std::io::Result<Vec<u64>> {
     let mut totals = vec![0u64; ts.len() + 1];
     for i in 0..buckets {
         let mut line = format!("{i:06} ");
@@ -34,6 +59,17 @@ pub fn write_histogram(
         }
         writeln!(out, "{line}")?;
     }
+    Ok(totals)
+}
+
+/// The `# Total`, `# Min/Avg/Max Latencies` and `# Histogram Overflows` lines, with the
+/// all-threads figure where 2.4 gives one (with `all`).
+fn write_summary(
+    out: &mut impl Write,
+    ts: &[CyclicThread],
+    totals: &[u64],
+    all: bool,
+) -> std::io::Result<()> {
     let row = |label: &str, cells: Vec<String>, extra: Option<String>| {
         let mut s = format!("# {label}:");
         for c in cells.into_iter().chain(extra.filter(|_| all)) {
@@ -78,18 +114,5 @@ pub fn write_histogram(
             per(&|t| t.hist.overflow(), 5),
             Some(format!("{overflows:05}"))
         )
-    )?;
-    writeln!(out, "# Histogram Overflow at cycle number:")?;
-    for (i, t) in ts.iter().enumerate() {
-        let mut line = format!("# Thread {i}:");
-        for c in &t.outliers {
-            line.push_str(&format!(" {c:05}"));
-        }
-        let others = t.hist.overflow().saturating_sub(t.outliers.len() as u64);
-        if others > 0 {
-            line.push_str(&format!(" # {others:05} others"));
-        }
-        writeln!(out, "{line}")?;
-    }
-    writeln!(out)
+    )
 }

@@ -162,6 +162,8 @@ pub(super) fn make(
     made
 }
 
+/// Makes the partition, in its steps, each recorded in `s` (and its state file) before it is
+/// taken; returns the line that says what was made.
 fn build(
     root: &Path,
     dir: &Path,
@@ -169,11 +171,34 @@ fn build(
     s: &mut Saved,
     state_file: &Option<PathBuf>,
 ) -> Result<String> {
-    let write = |path: PathBuf, value: &str| -> Result<()> {
-        std::fs::write(&path, value)
-            .with_context(|| format!("cannot write {value:?} to {}", path.display()))
-    };
-    // 1. The cpuset controller for the root's children.
+    enable_cpuset(root, s, state_file)?;
+    save_affinities(s, state_file);
+    let own = into_root(root, s, state_file)?;
+    make_partition(dir, cpus)?;
+    move_own_threads(dir, cpus);
+    *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some((dir.to_path_buf(), root.to_path_buf(), cpus.clone()));
+    install_hook(dir.to_path_buf(), root.to_path_buf(), cpus.clone());
+    Ok(format!(
+        "scheduler domains: cgroup v2 isolated partition {} (cpuset.cpus {cpus}, threaded; this \
+         process {}, its threads meant for cpu {cpus} in the partition)",
+        dir.display(),
+        if own == "/" {
+            "in the root cgroup".to_string()
+        } else {
+            format!("moved from {own} to the root cgroup for the run")
+        }
+    ))
+}
+
+/// Writes `value` to `path`, saying which file refused it.
+fn write_value(path: PathBuf, value: &str) -> Result<()> {
+    std::fs::write(&path, value)
+        .with_context(|| format!("cannot write {value:?} to {}", path.display()))
+}
+
+/// Step 1: the cpuset controller for the root's children.
+fn enable_cpuset(root: &Path, s: &mut Saved, state_file: &Option<PathBuf>) -> Result<()> {
     let control = root.join("cgroup.subtree_control");
     let enabled = std::fs::read_to_string(&control)
         .with_context(|| format!("cannot read {}", control.display()))?;
@@ -183,11 +208,15 @@ fn build(
             p.enabled_cpuset = true;
         }
         persist(s, state_file);
-        write(control, "+cpuset")?;
+        write_value(control, "+cpuset")?;
     }
-    // 2. Every thread's affinity as it is now (kernels before 6.2 reset them as CPUs come and
-    // go from a cpuset). Ours but the main thread, and our children's (a filler), are left
-    // out: they are the run's own, and one in the partition could not be given its old CPUs.
+    Ok(())
+}
+
+/// Step 2: every thread's affinity as it is now (kernels before 6.2 reset them as CPUs come
+/// and go from a cpuset). Ours but the main thread, and our children's (a filler), are left
+/// out: they are the run's own, and one in the partition could not be given its old CPUs.
+fn save_affinities(s: &mut Saved, state_file: &Option<PathBuf>) {
     let me = std::process::id() as i32;
     let known: std::collections::HashSet<i32> = s.tasks.iter().map(|t| t.tid).collect();
     for (tgid, tid) in all_threads() {
@@ -209,8 +238,12 @@ fn build(
         }
     }
     persist(s, state_file);
-    // 3. Our process into the root cgroup, the only threaded domain a partition can hang from
-    // on every kernel.
+}
+
+/// Step 3: our process into the root cgroup, the only threaded domain a partition can hang
+/// from on every kernel; returns the cgroup it was in (`/`: the root already).
+fn into_root(root: &Path, s: &mut Saved, state_file: &Option<PathBuf>) -> Result<String> {
+    let me = std::process::id() as i32;
     let own =
         std::fs::read_to_string("/proc/self/cgroup").context("cannot read /proc/self/cgroup")?;
     let own = own
@@ -222,13 +255,17 @@ fn build(
             p.moved_from = Some(root.join(own.trim_start_matches('/')));
         }
         persist(s, state_file);
-        write(root.join("cgroup.procs"), &me.to_string())?;
+        write_value(root.join("cgroup.procs"), &me.to_string())?;
     }
-    // 4. The partition.
+    Ok(own.to_string())
+}
+
+/// Step 4: the partition, checked to read `isolated`.
+fn make_partition(dir: &Path, cpus: &CpuSet) -> Result<()> {
     std::fs::create_dir(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    write(dir.join("cgroup.type"), "threaded")?;
-    write(dir.join("cpuset.cpus"), &cpus.to_string())?;
-    write(dir.join("cpuset.cpus.partition"), "isolated")?;
+    write_value(dir.join("cgroup.type"), "threaded")?;
+    write_value(dir.join("cpuset.cpus"), &cpus.to_string())?;
+    write_value(dir.join("cpuset.cpus.partition"), "isolated")?;
     let state = std::fs::read_to_string(dir.join("cpuset.cpus.partition")).unwrap_or_default();
     if state.trim() != "isolated" {
         bail!(
@@ -237,7 +274,11 @@ fn build(
             state.trim()
         );
     }
-    // 5. Our threads meant for those CPUs, now and from now on.
+    Ok(())
+}
+
+/// Step 5: our threads meant for those CPUs, now (the pin hook moves them from now on).
+fn move_own_threads(dir: &Path, cpus: &CpuSet) {
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for t in tasks.flatten() {
             let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
@@ -248,19 +289,6 @@ fn build(
             }
         }
     }
-    *ACTIVE.lock().unwrap_or_else(|e| e.into_inner()) =
-        Some((dir.to_path_buf(), root.to_path_buf(), cpus.clone()));
-    install_hook(dir.to_path_buf(), root.to_path_buf(), cpus.clone());
-    Ok(format!(
-        "scheduler domains: cgroup v2 isolated partition {} (cpuset.cpus {cpus}, threaded; this \
-         process {}, its threads meant for cpu {cpus} in the partition)",
-        dir.display(),
-        if own == "/" {
-            "in the root cgroup".to_string()
-        } else {
-            format!("moved from {own} to the root cgroup for the run")
-        }
-    ))
 }
 
 /// Puts back what the partition step did; returns what could not be.

@@ -9,7 +9,7 @@ use qpw_core::CpuSet;
 
 use super::{
     all_threads, ancestors, deliveries, get_affinity, partition, set_affinity, task_flags,
-    thread_start, Saved, SavedTask, PF_KTHREAD, PROC_IRQ, STATE_DIR, WQ_CPUMASK,
+    thread_start, Saved, SavedFile, SavedTask, PF_KTHREAD, PROC_IRQ, STATE_DIR, WQ_CPUMASK,
 };
 
 /// The state file of process `pid`, when the state directory can be made.
@@ -58,59 +58,15 @@ pub(super) fn restore(saved: &Mutex<Option<Saved>>, state_file: Option<&Path>) {
     }
 }
 
-/// Undoes `s`; returns what could not be undone.
+/// Undoes `s`; returns what could not be undone. In this order: the partition, the files
+/// (last written first), the directories made (last made first), then the threads.
 pub(super) fn undo(s: &Saved) -> Vec<String> {
     let mut problems = Vec::new();
     if let Some(p) = &s.partition {
         problems.extend(partition::undo(p));
     }
     for f in s.files.iter().rev() {
-        // An interrupt that did not land on its old CPU before the wider mask: its old CPU.
-        let mut stays = None;
-        if let Some(first) = &f.first {
-            // An interrupt that is still moving refuses a new mask for a moment (EBUSY); and
-            // an interrupt's move may wait for its next delivery (an IO-APIC's does, and a
-            // non-remapped MSI's on x86): give it a moment to land on its old CPU before the
-            // wider mask, which keeps it there.
-            let _ = write_retrying(&f.path, first);
-            let effective = f.path.with_file_name("effective_affinity_list");
-            let fired = deliveries(&f.path);
-            let landed = (0..40).any(|_| {
-                let there =
-                    std::fs::read_to_string(&effective).map_or(true, |e| e.trim() == first.trim());
-                if !there {
-                    std::thread::sleep(std::time::Duration::from_millis(5));
-                }
-                there
-            });
-            // One that did not fire meanwhile cannot have moved: the wider mask keeps it on
-            // the housekeeping CPU, by the kernel's rule, until something moves it. Said, so
-            // that nobody looks for a fault (`isolate.rs`'s test reads this line).
-            if !landed && fired.is_some() && deliveries(&f.path) == fired {
-                stays = Some(first);
-            }
-        }
-        if let Some(first) = stays {
-            let irq = f.path.parent().and_then(Path::file_name);
-            let now = std::fs::read_to_string(f.path.with_file_name("effective_affinity_list"))
-                .unwrap_or_default();
-            eprintln!(
-                "qpw-emu: isolation: irq {} is back in its mask {} but stays on cpu {}, not {}: \
-                 the kernel moves it only when it fires, and it did not fire while its move \
-                 back waited (0.2 s)",
-                irq.map_or(String::new(), |i| i.to_string_lossy().into_owned()),
-                f.content,
-                now.trim(),
-                first.trim()
-            );
-        }
-        if let Err(e) = write_retrying(&f.path, &f.content) {
-            // What matters is that the file reads as it did.
-            let now = std::fs::read_to_string(&f.path).unwrap_or_default();
-            if now.trim() != f.content.trim() {
-                problems.push(format!("{} = {} ({e})", f.path.display(), f.content));
-            }
-        }
+        undo_file(f, &mut problems);
     }
     for d in s.dirs.iter().rev() {
         if d.exists() {
@@ -119,10 +75,66 @@ pub(super) fn undo(s: &Saved) -> Vec<String> {
             }
         }
     }
-    // The threads: each as found. Threads and processes started meanwhile by a moved process
-    // inherited the narrowed mask, so a thread of such a process (or of its child, e.g. the
-    // next run started from a shell a killed run had moved) that still has exactly it gets
-    // the mask its process's (or parent's) first saved thread had.
+    undo_threads(s, &mut problems);
+    problems
+}
+
+/// Writes one file back as it was; an interrupt's mask after its old effective CPUs, so that
+/// it lands there first. What could not be written back goes into `problems`.
+fn undo_file(f: &SavedFile, problems: &mut Vec<String>) {
+    // An interrupt that did not land on its old CPU before the wider mask: its old CPU.
+    let stays = f.first.as_deref().and_then(|first| move_back(f, first));
+    if let Some(first) = stays {
+        let irq = f.path.parent().and_then(Path::file_name);
+        let now = std::fs::read_to_string(f.path.with_file_name("effective_affinity_list"))
+            .unwrap_or_default();
+        eprintln!(
+            "qpw-emu: isolation: irq {} is back in its mask {} but stays on cpu {}, not {}: \
+             the kernel moves it only when it fires, and it did not fire while its move \
+             back waited (0.2 s)",
+            irq.map_or(String::new(), |i| i.to_string_lossy().into_owned()),
+            f.content,
+            now.trim(),
+            first.trim()
+        );
+    }
+    if let Err(e) = write_retrying(&f.path, &f.content) {
+        // What matters is that the file reads as it did.
+        let now = std::fs::read_to_string(&f.path).unwrap_or_default();
+        if now.trim() != f.content.trim() {
+            problems.push(format!("{} = {} ({e})", f.path.display(), f.content));
+        }
+    }
+}
+
+/// Writes an interrupt's old effective CPUs `first` to its mask and waits for it to land
+/// there; returns `first` when it did not, because the interrupt did not fire meanwhile.
+fn move_back<'a>(f: &SavedFile, first: &'a str) -> Option<&'a str> {
+    // An interrupt that is still moving refuses a new mask for a moment (EBUSY); and
+    // an interrupt's move may wait for its next delivery (an IO-APIC's does, and a
+    // non-remapped MSI's on x86): give it a moment to land on its old CPU before the
+    // wider mask, which keeps it there.
+    let _ = write_retrying(&f.path, first);
+    let effective = f.path.with_file_name("effective_affinity_list");
+    let fired = deliveries(&f.path);
+    let landed = (0..40).any(|_| {
+        let there = std::fs::read_to_string(&effective).map_or(true, |e| e.trim() == first.trim());
+        if !there {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        there
+    });
+    // One that did not fire meanwhile cannot have moved: the wider mask keeps it on
+    // the housekeeping CPU, by the kernel's rule, until something moves it. Said, so
+    // that nobody looks for a fault (`isolate.rs`'s test reads this line).
+    (!landed && fired.is_some() && deliveries(&f.path) == fired).then_some(first)
+}
+
+/// The threads: each as found. Threads and processes started meanwhile by a moved process
+/// inherited the narrowed mask, so a thread of such a process (or of its child, e.g. the next
+/// run started from a shell a killed run had moved) that still has exactly it gets the mask
+/// its process's (or parent's) first saved thread had.
+fn undo_threads(s: &Saved, problems: &mut Vec<String>) {
     let mut by_tgid: BTreeMap<i32, &SavedTask> = BTreeMap::new();
     let mut known = std::collections::BTreeSet::new();
     for t in &s.tasks {
@@ -157,7 +169,6 @@ pub(super) fn undo(s: &Saved) -> Vec<String> {
             let _ = set_affinity(tid, &CpuSet::from_iter(first.before.iter().copied()));
         }
     }
-    problems
 }
 
 /// Writes `content` to `path`, again for up to 200 ms while the kernel answers `EBUSY` (an

@@ -574,14 +574,14 @@ pub(super) fn requester(
     phase: &Phase,
     pool: &SharedPool,
 ) -> Result<(RequesterReport, DrainTimes)> {
-    let (mut hist, mut report) = super::start_requester(cpu, rate_hz)?;
+    let (hist, mut report) = super::start_requester(cpu, rate_hz)?;
     // SAFETY: gettid has no preconditions.
     let tid = unsafe { libc::gettid() };
     let mut pcp = PcpReport {
         target_cpu: target,
         ..PcpReport::default()
     };
-    let mut trace = match PcpTrace::start(target, cpu) {
+    let trace = match PcpTrace::start(target, cpu) {
         Ok(t) => {
             pcp.traced = true;
             Some(t)
@@ -595,23 +595,60 @@ pub(super) fn requester(
         report.kernel_pcp = Some(pcp);
         return Ok((report, hist));
     }
-    let mut one = || {
+    let mut requester = PcpRequester {
+        shared,
+        pool,
+        trace,
+        pcp,
+        report,
+        hist,
+        tid,
+    };
+    // The first trigger at once: one takes seconds in a TCG guest, longer than a short round
+    // of `qpw-emu run` may last after its first period.
+    requester.one();
+    let missed = crate::load::paced(rate_hz, phase, || requester.one());
+    Ok(requester.finish(missed))
+}
+
+/// kernel-pcp's requester while it runs: what it triggers with and what it has counted.
+struct PcpRequester<'a> {
+    /// The filler (and its memory cgroup), held for the whole of each trigger.
+    shared: &'a Mutex<(Option<Filler>, Option<MemCgroup>)>,
+    /// The pool whose trigger makes the kernel drain.
+    pool: &'a SharedPool,
+    /// The pcp trace, when it could be started.
+    trace: Option<PcpTrace>,
+    /// What the trace showed of the triggers so far.
+    pcp: PcpReport,
+    /// The requester's report so far.
+    report: RequesterReport,
+    /// The triggers' times.
+    hist: DrainTimes,
+    /// The requester's thread id.
+    tid: i32,
+}
+
+impl PcpRequester<'_> {
+    /// One trigger: a fill of the target's pcp lists, the trace armed for the filler's pages,
+    /// the trigger between two reads of the zones, then what the trace caught of it.
+    fn one(&mut self) {
+        let shared = self.shared;
         let mut guard = shared.lock().unwrap_or_else(|e| e.into_inner());
         let (filler, _) = &mut *guard;
         let pfns = match filler.as_mut().map(Filler::fill_pcp).transpose() {
             Ok(p) => p.unwrap_or_default(),
             Err(e) => {
-                report.errors += 1;
-                report.first_error.get_or_insert_with(|| format!("{e:#}"));
+                self.fail(format!("{e:#}"));
                 return;
             }
         };
         // The filler's pages from now on; what the fill itself left in the trace (the target
         // trimming its lists) is not the trigger's.
-        if let Some(t) = &mut trace {
+        if let Some(t) = &mut self.trace {
             if let Err(e) = t.arm(&pfns) {
-                report.errors += 1;
-                report
+                self.report.errors += 1;
+                self.report
                     .first_error
                     .get_or_insert_with(|| format!("filtering the pcp trace: {e:#}"));
             }
@@ -619,46 +656,54 @@ pub(super) fn requester(
         }
         let before = zones();
         std::thread::sleep(FILL_TO_TRIGGER);
-        let out = pool.lock().unwrap_or_else(|e| e.into_inner()).trigger();
+        let out = self
+            .pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .trigger();
         let after = zones();
-        report.drains += 1;
-        pcp.triggers += 1;
+        self.report.drains += 1;
+        self.pcp.triggers += 1;
         match out {
             Ok(t) => {
-                hist.record(t.raise_ns);
-                pcp.allocated += u64::from(t.allocated);
+                self.hist.record(t.raise_ns);
+                self.pcp.allocated += u64::from(t.allocated);
                 if let Some(z) = t.zone {
-                    *pcp.page_zones.entry(z).or_default() += 1;
+                    *self.pcp.page_zones.entry(z).or_default() += 1;
                 }
             }
-            Err(e) => {
-                report.errors += 1;
-                report.first_error.get_or_insert_with(|| format!("{e:#}"));
-            }
+            Err(e) => self.fail(format!("{e:#}")),
         }
-        let events = match &mut trace {
+        let events = match &mut self.trace {
             Some(t) => t.take().unwrap_or_else(|e| {
-                report.errors += 1;
-                report
+                self.report.errors += 1;
+                self.report
                     .first_error
                     .get_or_insert_with(|| format!("reading the pcp trace: {e:#}"));
                 Vec::new()
             }),
             None => Vec::new(),
         };
-        pcp.add_trigger(&pfns, &before, &after, &events, tid);
-    };
-    // The first trigger at once: one takes seconds in a TCG guest, longer than a short round
-    // of `qpw-emu run` may last after its first period.
-    one();
-    let missed = crate::load::paced(rate_hz, phase, &mut one);
-    if let Some(t) = &mut trace {
-        pcp.lost_events = t.lost + t.instance.lost_by_stats();
+        self.pcp
+            .add_trigger(&pfns, &before, &after, &events, self.tid);
     }
-    report.missed_deadlines = missed;
-    report.set_times(&hist);
-    report.kernel_pcp = Some(pcp);
-    Ok((report, hist))
+
+    /// Counts an error, keeping the first one's `message`.
+    fn fail(&mut self, message: String) {
+        self.report.errors += 1;
+        self.report.first_error.get_or_insert(message);
+    }
+
+    /// The report once the phase ends, with `missed` deadlines and the trace's lost events.
+    fn finish(mut self, missed: u64) -> (RequesterReport, DrainTimes) {
+        if let Some(t) = &mut self.trace {
+            self.pcp.lost_events = t.lost + t.instance.lost_by_stats();
+        }
+        self.report.missed_deadlines = missed;
+        self.report.set_times(&self.hist);
+        self.report.kernel_pcp = Some(self.pcp);
+        (self.report, self.hist)
+    }
 }
 
 /// The filler's loop with `--pcp`: for each request, fault in [`FILL_PAGES`] pages, read their

@@ -294,26 +294,11 @@ fn field<'a>(fields: &'a str, key: &str) -> Option<&'a str> {
     None
 }
 
+/// The event `name` with its `fields`, as a [`Kind`]; `None` when a field it needs is missing
+/// or malformed.
 fn parse_kind(name: &str, fields: &str) -> Option<Kind> {
     let kind = match name {
-        "sched_switch" => {
-            // prev_comm=... prev_pid=.. prev_prio=.. prev_state=.. ==> next_comm=... next_pid=..
-            // A command name can hold spaces: take each between its key and the next key.
-            let (prev, next) = fields.split_once(" ==> ")?;
-            let comm_of = |part: &str, key: &str, next_key: &str| -> Option<String> {
-                let start = part.find(&format!("{key}="))? + key.len() + 1;
-                let end = part[start..]
-                    .find(&format!(" {next_key}="))
-                    .map_or(part.len(), |e| start + e);
-                Some(part[start..end].to_string())
-            };
-            Kind::Switch {
-                prev_comm: comm_of(prev, "prev_comm", "prev_pid")?,
-                prev_pid: field(prev, "prev_pid")?.parse().ok()?,
-                next_comm: comm_of(next, "next_comm", "next_pid")?,
-                next_pid: field(next, "next_pid")?.parse().ok()?,
-            }
-        }
+        "sched_switch" => parse_switch(fields)?,
         "workqueue_execute_start" | "workqueue_execute_end" => {
             let function = fields.rsplit_once("function ")?.1.trim().to_string();
             if name.ends_with("start") {
@@ -339,20 +324,7 @@ fn parse_kind(name: &str, fields: &str) -> Option<Kind> {
         "irq_handler_entry" => Kind::Enter(Context::Irq(field(fields, "name")?.to_string())),
         // The exit names only the number; the timeline pairs it with the open handler.
         "irq_handler_exit" => Kind::Exit(Context::Irq(String::new())),
-        "softirq_entry" | "softirq_exit" => {
-            let action = fields
-                .split_once("[action=")
-                .and_then(|(_, a)| a.strip_suffix(']'))
-                .map_or_else(
-                    || field(fields, "vec").unwrap_or("?").to_string(),
-                    str::to_string,
-                );
-            if name == "softirq_entry" {
-                Kind::Enter(Context::Softirq(action))
-            } else {
-                Kind::Exit(Context::Softirq(action))
-            }
-        }
+        "softirq_entry" | "softirq_exit" => parse_softirq(name, fields),
         "csd_function_entry" | "csd_function_exit" => {
             let func = field(fields, "func")?.trim_end_matches(',').to_string();
             if name == "csd_function_entry" {
@@ -361,22 +333,67 @@ fn parse_kind(name: &str, fields: &str) -> Option<Kind> {
                 Kind::Exit(Context::CrossCall(func))
             }
         }
-        _ => {
-            let vector = |suffix| {
-                name.strip_suffix(suffix)
-                    .filter(|v| X86_VECTORS.contains(v))
-                    .map(str::to_string)
-            };
-            if let Some(v) = vector("_entry") {
-                Kind::Enter(Context::Vector(v))
-            } else if let Some(v) = vector("_exit") {
-                Kind::Exit(Context::Vector(v))
-            } else {
-                Kind::Other {
-                    name: name.to_string(),
-                }
-            }
-        }
+        _ => parse_other(name),
     };
     Some(kind)
+}
+
+/// A `sched_switch`'s fields: `prev_comm=... prev_pid=.. prev_prio=.. prev_state=.. ==>
+/// next_comm=... next_pid=..`.
+#[inline]
+fn parse_switch(fields: &str) -> Option<Kind> {
+    let (prev, next) = fields.split_once(" ==> ")?;
+    Some(Kind::Switch {
+        prev_comm: comm_of(prev, "prev_comm", "prev_pid")?,
+        prev_pid: field(prev, "prev_pid")?.parse().ok()?,
+        next_comm: comm_of(next, "next_comm", "next_pid")?,
+        next_pid: field(next, "next_pid")?.parse().ok()?,
+    })
+}
+
+/// The command name after `key=` in `part`: a command name can hold spaces, so it is taken up
+/// to the next key, `next_key`.
+#[inline]
+fn comm_of(part: &str, key: &str, next_key: &str) -> Option<String> {
+    let start = part.find(&format!("{key}="))? + key.len() + 1;
+    let end = part[start..]
+        .find(&format!(" {next_key}="))
+        .map_or(part.len(), |e| start + e);
+    Some(part[start..end].to_string())
+}
+
+/// A softirq's entry or exit, named by its action (`[action=TIMER]`), else by its vector.
+#[inline]
+fn parse_softirq(name: &str, fields: &str) -> Kind {
+    let action = fields
+        .split_once("[action=")
+        .and_then(|(_, a)| a.strip_suffix(']'))
+        .map_or_else(
+            || field(fields, "vec").unwrap_or("?").to_string(),
+            str::to_string,
+        );
+    if name == "softirq_entry" {
+        Kind::Enter(Context::Softirq(action))
+    } else {
+        Kind::Exit(Context::Softirq(action))
+    }
+}
+
+/// Any other event: an x86 vector's entry or exit (`local_timer_entry`), or one we only name.
+#[inline]
+fn parse_other(name: &str) -> Kind {
+    let vector = |suffix| {
+        name.strip_suffix(suffix)
+            .filter(|v| X86_VECTORS.contains(v))
+            .map(str::to_string)
+    };
+    if let Some(v) = vector("_entry") {
+        Kind::Enter(Context::Vector(v))
+    } else if let Some(v) = vector("_exit") {
+        Kind::Exit(Context::Vector(v))
+    } else {
+        Kind::Other {
+            name: name.to_string(),
+        }
+    }
 }

@@ -51,44 +51,12 @@ pub(super) fn report(
             println!("{}", final_line(i, t, &specs[i], args.nsecs));
         }
     }
-    let (spikes, count) = &run.spikes;
-    if !spikes.is_empty() {
-        println!();
-        for s in spikes {
-            println!("T:{:2} Spike:{:8}: TS: {:12}", s.thread, s.value, s.at_us);
-        }
-        println!("spikes = {count}\n");
-    }
+    print_spikes(&run);
     if let Some(h) = histogram {
-        let histofall = args.histofall.is_some();
-        match &args.histfile {
-            Some(path) => {
-                let mut f = std::fs::File::create(path)
-                    .with_context(|| format!("--histfile {}: cannot create", path.display()))?;
-                cyclictest::write_histogram(&mut f, &run, h, histofall)?;
-            }
-            None => {
-                // A standard output that is gone stops the run as Ctrl-C does (crate::out).
-                crate::out::check_stdout(cyclictest::write_histogram(
-                    &mut std::io::stdout().lock(),
-                    &run,
-                    h,
-                    histofall,
-                ));
-            }
-        }
+        write_histogram(args, &run, h)?;
     }
     if breaktrace.is_some() {
-        let tids: String = run
-            .threads
-            .iter()
-            .map(|t| format!(" {:05}", t.tid))
-            .collect();
-        println!("# Thread Ids:{tids}");
-        if let Some((tid, value)) = run.break_hit {
-            println!("# Break thread: {tid}");
-            println!("# Break value: {value}");
-        }
+        print_break(&run);
     }
     print_extras(&run, cfg.local_op.is_some());
     if let Some(o) = &load.outcome {
@@ -105,6 +73,54 @@ pub(super) fn report(
     }
     crate::out::check_stdout(std::io::stdout().flush());
     Ok(())
+}
+
+/// `--spike`'s list: each spike with its thread and time, then their count.
+fn print_spikes(run: &CyclicRun) {
+    let (spikes, count) = &run.spikes;
+    if !spikes.is_empty() {
+        println!();
+        for s in spikes {
+            println!("T:{:2} Spike:{:8}: TS: {:12}", s.thread, s.value, s.at_us);
+        }
+        println!("spikes = {count}\n");
+    }
+}
+
+/// The histogram of `buckets` buckets, into `--histfile` or onto standard output.
+fn write_histogram(args: &CyclictestArgs, run: &CyclicRun, buckets: usize) -> Result<()> {
+    let histofall = args.histofall.is_some();
+    match &args.histfile {
+        Some(path) => {
+            let mut f = std::fs::File::create(path)
+                .with_context(|| format!("--histfile {}: cannot create", path.display()))?;
+            cyclictest::write_histogram(&mut f, run, buckets, histofall)?;
+        }
+        None => {
+            // A standard output that is gone stops the run as Ctrl-C does (crate::out).
+            crate::out::check_stdout(cyclictest::write_histogram(
+                &mut std::io::stdout().lock(),
+                run,
+                buckets,
+                histofall,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `-b`'s lines: the threads' ids, and the thread and value that broke the run if one did.
+fn print_break(run: &CyclicRun) {
+    let tids: String = run
+        .threads
+        .iter()
+        .map(|t| format!(" {:05}", t.tid))
+        .collect();
+    println!("# Thread Ids:{tids}");
+    if let Some((tid, value)) = run.break_hit {
+        println!("# Break thread: {tid}");
+        println!("# Break value: {value}");
+    }
 }
 
 /// The rt-tests JSON of the run, with our fields, where `--json` said.

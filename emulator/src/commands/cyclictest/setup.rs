@@ -6,7 +6,7 @@
 use anyhow::Result;
 
 use crate::cli::CyclictestArgs;
-use crate::cyclictest::Fifo;
+use crate::cyclictest::{Fifo, ThreadSpec};
 use crate::rt::{self, AwayFrom, TraceMarker};
 use crate::sink::Sink;
 use crate::throttling::RtThrottling;
@@ -37,7 +37,6 @@ impl SetUp {
     pub(super) fn hold(plan: &Plan, args: &CyclictestArgs, sink: &mut Sink) -> Result<SetUp> {
         let Plan {
             ref cpus,
-            ref set,
             explicit_set,
             distance,
             ref specs,
@@ -47,35 +46,8 @@ impl SetUp {
             breaktrace,
             ..
         } = *plan;
-        // 2.4 says it once more while it parses `-a`, when `-v` came before it.
-        if sink.is_verbose() && args.verbose_before_affinity && explicit_set {
-            println!("Using {} cpus.", set.len());
-        }
-        if sink.is_verbose() {
-            println!("Max CPUs = {}", cpus.allowed.last().map_or(0, |c| c + 1));
-            println!("Online CPUs = {}", cpus.allowed.len());
-            if explicit_set {
-                println!("Using {} cpus.", set.len());
-            }
-        }
-        let mut guard = rt::prepare(args.mlockall, sink);
-        if args.laptop {
-            sink.tool_warn(format_args!(
-                "not setting cpu_dma_latency to save battery power"
-            ));
-            guard.set_dma_latency(None, sink);
-        } else if args.default_system {
-            sink.tool_warn(format_args!("not setting cpu_dma_latency from cyclictest"));
-            guard.set_dma_latency(None, sink);
-        } else if let Some(v) = args.latency {
-            guard.set_dma_latency(Some(v as i32), sink);
-        }
-        if guard.holds_dma_latency() {
-            println!(
-                "# /dev/cpu_dma_latency set to {}us",
-                args.latency.unwrap_or(0)
-            );
-        }
+        print_cpus(plan, args, sink);
+        let guard = dma_latency(args, sink);
         if !args.drain.isolate {
             rt::check_isolation(measured, sink);
         }
@@ -93,17 +65,7 @@ impl SetUp {
         let throttling = RtThrottling::read(throttling_off.as_ref());
         let isolation = crate::isolate::for_run(args.drain.isolate, measured, &cpus.allowed, sink)?;
         if sink.is_verbose() {
-            for (i, s) in specs.iter().enumerate() {
-                if explicit_set {
-                    println!("Thread {i} using cpu {}.", s.cpu);
-                }
-                // As 2.4 prints it: after it has added the distance for the next thread, so the
-                // figure is this thread's interval plus one distance (the thread runs at its own).
-                println!(
-                    "Thread {i} Interval: {}",
-                    s.interval.as_micros() as u64 + distance
-                );
-            }
+            print_threads(specs, explicit_set, distance);
         }
         let fifo = args.fifo.as_deref().map(Fifo::create).transpose()?;
         let main = main_cpus.as_ref().map(|m| AwayFrom::onto(m, sink));
@@ -117,6 +79,66 @@ impl SetUp {
             marker,
             _guard: guard,
         })
+    }
+}
+
+/// `-v`'s lines about the CPUs, as 2.4 prints them while it parses its options.
+fn print_cpus(plan: &Plan, args: &CyclictestArgs, sink: &Sink) {
+    let Plan {
+        ref cpus,
+        ref set,
+        explicit_set,
+        ..
+    } = *plan;
+    // 2.4 says it once more while it parses `-a`, when `-v` came before it.
+    if sink.is_verbose() && args.verbose_before_affinity && explicit_set {
+        println!("Using {} cpus.", set.len());
+    }
+    if sink.is_verbose() {
+        println!("Max CPUs = {}", cpus.allowed.last().map_or(0, |c| c + 1));
+        println!("Online CPUs = {}", cpus.allowed.len());
+        if explicit_set {
+            println!("Using {} cpus.", set.len());
+        }
+    }
+}
+
+/// Memory locked (`-m`) and `/dev/cpu_dma_latency` held as `--laptop`, `--default-system` or
+/// `--latency` say, with cyclictest's line when it is held.
+fn dma_latency(args: &CyclictestArgs, sink: &mut Sink) -> rt::RtGuard {
+    let mut guard = rt::prepare(args.mlockall, sink);
+    if args.laptop {
+        sink.tool_warn(format_args!(
+            "not setting cpu_dma_latency to save battery power"
+        ));
+        guard.set_dma_latency(None, sink);
+    } else if args.default_system {
+        sink.tool_warn(format_args!("not setting cpu_dma_latency from cyclictest"));
+        guard.set_dma_latency(None, sink);
+    } else if let Some(v) = args.latency {
+        guard.set_dma_latency(Some(v as i32), sink);
+    }
+    if guard.holds_dma_latency() {
+        println!(
+            "# /dev/cpu_dma_latency set to {}us",
+            args.latency.unwrap_or(0)
+        );
+    }
+    guard
+}
+
+/// `-v`'s line for each thread: its CPU (with `-a`) and its interval.
+fn print_threads(specs: &[ThreadSpec], explicit_set: bool, distance: u64) {
+    for (i, s) in specs.iter().enumerate() {
+        if explicit_set {
+            println!("Thread {i} using cpu {}.", s.cpu);
+        }
+        // As 2.4 prints it: after it has added the distance for the next thread, so the
+        // figure is this thread's interval plus one distance (the thread runs at its own).
+        println!(
+            "Thread {i} Interval: {}",
+            s.interval.as_micros() as u64 + distance
+        );
     }
 }
 

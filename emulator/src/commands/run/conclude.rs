@@ -86,82 +86,90 @@ impl Ctx {
                 .find(|a| a.name == name && a.rounds > 0)
         };
         if let (Some(iso), Some(un)) = (find("idle"), find(UNISOLATED)) {
-            let get = |a: &Acc, k: &str| a.attribution.by_bucket.get(k).copied().unwrap_or(0);
-            if iso.attribution.by_bucket.is_empty() && un.attribution.by_bucket.is_empty() {
-                lines.push(format!(
-                    "isolation: no trace, so no classes to compare; interruptions/s idle {:.0} \
-                     isolated vs {:.0} not",
-                    self.rate_at_threshold(iso),
-                    self.rate_at_threshold(un)
-                ));
-            } else {
-                let (ki, oi) = (get(iso, "kernel"), get(iso, "other"));
-                let (ku, ou) = (get(un, "kernel"), get(un, "other"));
-                // The tick stays with run-time isolation (no nohz_full), and a probe that
-                // shares its CPU sees fewer ticks (it is not running for many of them): the
-                // comparison leaves it out.
-                let tick = |a: &Acc| {
-                    a.attribution
-                        .top
-                        .iter()
-                        .find(|s| s.source == "vector local_timer")
-                        .map_or(0, |s| s.count)
-                };
-                let (ti, tu) = (tick(iso), tick(un));
-                let (a, b) = ((ki + oi).saturating_sub(ti), (ku + ou).saturating_sub(tu));
-                let noise = 2.0 * ((a + b) as f64).sqrt();
-                let verdict = if b as f64 - a as f64 > noise {
-                    "dropped"
-                } else if a as f64 - b as f64 > noise {
-                    "rose"
-                } else {
-                    "did not change beyond counting noise"
-                };
-                lines.push(format!(
-                    "isolation: the idle target's kernel and other interruptions but the tick \
-                     {verdict} with cpu {} isolated at run time: {a} vs {b} (isolated vs not; 2 \
-                     sigma {noise:.0}); the probe was preempted {} vs {} times; all kernel {ki} \
-                     vs {ku}, other {oi} vs {ou}, of which the local timer (the tick, which only \
-                     nohz_full stops) {ti} vs {tu}; {:.1} s each, interleaved in the same rounds",
-                    self.target,
-                    iso.probe_switches,
-                    un.probe_switches,
-                    iso.seconds.min(un.seconds)
-                ));
-            }
+            lines.push(self.idle_compared(iso, un));
         }
         for a in self.scenarios.iter().filter(|a| a.rounds > 0) {
-            let Some(k) = a.workload.kernel() else {
-                continue;
-            };
-            let Some(w) = &a.attribution.kernel_work else {
-                continue;
-            };
-            let seen = self
-                .isolation_report
-                .as_ref()
-                .is_some_and(|r| r.kernel_sees_isolated);
-            lines.push(format!(
-                "isolation: {k}: {} run(s) of {} on the isolated cpu {} in {} drains: the kernel \
-                 {} it ({})",
-                w.runs,
-                w.function,
-                self.target,
-                w.drains,
-                if w.runs == 0 {
-                    "skipped"
-                } else {
-                    "did not skip"
-                },
-                if seen {
-                    "the kernel counts the CPU as isolated"
-                } else {
-                    "the kernel does not count a CPU isolated at run time without a cgroup v2 \
-                     partition as isolated"
-                }
-            ));
+            lines.extend(self.kernel_drain_line(a));
         }
         lines
+    }
+
+    /// The isolated idle baseline `iso` against the unisolated one `un`: the kernel's and the
+    /// others' interruptions but the tick, by the trace's classes (the rates alone without a
+    /// trace).
+    fn idle_compared(&self, iso: &Acc, un: &Acc) -> String {
+        let get = |a: &Acc, k: &str| a.attribution.by_bucket.get(k).copied().unwrap_or(0);
+        if iso.attribution.by_bucket.is_empty() && un.attribution.by_bucket.is_empty() {
+            return format!(
+                "isolation: no trace, so no classes to compare; interruptions/s idle {:.0} \
+                 isolated vs {:.0} not",
+                self.rate_at_threshold(iso),
+                self.rate_at_threshold(un)
+            );
+        }
+        let (ki, oi) = (get(iso, "kernel"), get(iso, "other"));
+        let (ku, ou) = (get(un, "kernel"), get(un, "other"));
+        // The tick stays with run-time isolation (no nohz_full), and a probe that shares its
+        // CPU sees fewer ticks (it is not running for many of them): the comparison leaves it
+        // out.
+        let tick = |a: &Acc| {
+            a.attribution
+                .top
+                .iter()
+                .find(|s| s.source == "vector local_timer")
+                .map_or(0, |s| s.count)
+        };
+        let (ti, tu) = (tick(iso), tick(un));
+        let (a, b) = ((ki + oi).saturating_sub(ti), (ku + ou).saturating_sub(tu));
+        let noise = 2.0 * ((a + b) as f64).sqrt();
+        let verdict = if b as f64 - a as f64 > noise {
+            "dropped"
+        } else if a as f64 - b as f64 > noise {
+            "rose"
+        } else {
+            "did not change beyond counting noise"
+        };
+        format!(
+            "isolation: the idle target's kernel and other interruptions but the tick \
+             {verdict} with cpu {} isolated at run time: {a} vs {b} (isolated vs not; 2 \
+             sigma {noise:.0}); the probe was preempted {} vs {} times; all kernel {ki} \
+             vs {ku}, other {oi} vs {ou}, of which the local timer (the tick, which only \
+             nohz_full stops) {ti} vs {tu}; {:.1} s each, interleaved in the same rounds",
+            self.target,
+            iso.probe_switches,
+            un.probe_switches,
+            iso.seconds.min(un.seconds)
+        )
+    }
+
+    /// For a kernel workload's scenario `a` with a trace: whether its drains still reached the
+    /// isolated target.
+    fn kernel_drain_line(&self, a: &Acc) -> Option<String> {
+        let k = a.workload.kernel()?;
+        let w = a.attribution.kernel_work.as_ref()?;
+        let seen = self
+            .isolation_report
+            .as_ref()
+            .is_some_and(|r| r.kernel_sees_isolated);
+        Some(format!(
+            "isolation: {k}: {} run(s) of {} on the isolated cpu {} in {} drains: the kernel \
+             {} it ({})",
+            w.runs,
+            w.function,
+            self.target,
+            w.drains,
+            if w.runs == 0 {
+                "skipped"
+            } else {
+                "did not skip"
+            },
+            if seen {
+                "the kernel counts the CPU as isolated"
+            } else {
+                "the kernel does not count a CPU isolated at run time without a cgroup v2 \
+                 partition as isolated"
+            }
+        ))
     }
 }
 
