@@ -11,15 +11,19 @@
 //! - **verbose**: the tool's `-v`, for those that have it;
 //! - **the JSON's destination** (`--json FILE`, `-` for standard output), checked writable when
 //!   the command's plan is made, before anything is changed or measured;
-//! - **the warnings** of the run, in the order they happened, each once, and every line that
-//!   says one: ours (`warning: ...`) and the tool's own (cyclictest's `WARN: ...`).
+//! - **the warnings** of the run, in the order they happened, each once; and every line a
+//!   command prints to say a warning: ours (`warning: ...`) and the tool's own (cyclictest's
+//!   `WARN: ...`, said as cyclictest says them and not gathered: they are the tool's output,
+//!   about its options).
 //!
 //! Warnings are said in the order rt-tests says its own: as they are met (its `warn()` writes
 //! at once), so a set-up warning comes before the measuring and after the lines that came
 //! before it. One kind waits: a warning whose place is after the tool's own lines of an event
 //! ([`defer`](Sink::defer): oslat's missing trace marker, said after its two lines of a
 //! threshold stop, [`say_deferred`](Sink::say_deferred)). The report and the JSON then carry
-//! them all ([`warnings`](Sink::warnings), [`print_warnings`](Sink::print_warnings)).
+//! ours ([`warnings`](Sink::warnings), [`print_warnings`](Sink::print_warnings)). A check
+//! that fails inside a report's text (`pool`'s and `resctrl`'s `warning:` lines among their
+//! figures) is part of that text, not a warning of the run.
 //!
 //! Everything goes through [`crate::out`], so a closed standard output still stops the run in
 //! order.

@@ -1,9 +1,11 @@
-//! Every warning line is said through the command's sink (issue 43): `warning: ...` of ours
-//! and `WARN: ...` of cyclictest's own, so that their order is decided in one place
-//! (`emulator/src/sink.rs`) and each is gathered for the report and the JSON.
+//! Every warning line a command prints is said through its sink (issue 43): `warning: ...` of
+//! ours and `WARN: ...` of cyclictest's own, so that their order is decided in one place
+//! (`emulator/src/sink.rs`), and ours are gathered for the report and the JSON.
 //!
 //! The check reads `emulator/src` as text, as `layers.rs` and `sizes.rs` do: a print macro
 //! whose format string starts with one of the two prefixes, anywhere but in the sink, fails.
+//! A line written into a report's text (`pool`'s and `resctrl`'s failed checks, among their
+//! figures) is not a print of its own and is not looked at.
 
 mod source_tree;
 

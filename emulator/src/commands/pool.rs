@@ -178,5 +178,8 @@ pub fn pool_cmd(args: &PoolArgs) -> Result<()> {
         }
     }
     print!("{s}");
-    sink.write_json(&Envelope::succeeded(start_time, j))
+    if sink.wants_json() {
+        sink.write_json(&Envelope::succeeded(start_time, j))?;
+    }
+    Ok(())
 }

@@ -192,7 +192,10 @@ pub fn resctrl_cmd(args: &ResctrlArgs) -> Result<()> {
     let figures = resctrl::measure_read_paths(&config).context("resctrl figures")?;
     let j = resctrl_json(&figures);
     print!("{}", text(&j));
-    sink.write_json(&Envelope::succeeded(start_time, j))
+    if sink.wants_json() {
+        sink.write_json(&Envelope::succeeded(start_time, j))?;
+    }
+    Ok(())
 }
 
 /// The read paths side by side, as text.
