@@ -122,10 +122,8 @@ impl Sink {
         if self.warnings.contains(&message) {
             return;
         }
-        if !self.quiet {
-            eprintln!("warning: {message}");
-        }
-        self.keep(message);
+        self.say_warning(&message);
+        self.warnings.push(message);
     }
 
     /// Records one warning to be said later, by [`say_deferred`](Self::say_deferred), where it
@@ -135,16 +133,22 @@ impl Sink {
         let message = message.into();
         if !self.warnings.contains(&message) {
             self.deferred.push(message.clone());
-            self.keep(message);
+            self.warnings.push(message);
         }
     }
 
     /// Says, unless quiet, the warnings recorded by [`defer`](Self::defer) and not said yet.
     pub fn say_deferred(&mut self) {
         for message in std::mem::take(&mut self.deferred) {
-            if !self.quiet {
-                eprintln!("warning: {message}");
-            }
+            self.say_warning(&message);
+        }
+    }
+
+    /// Says one warning of ours on standard error, unless quiet: the one place that prints
+    /// `warning: ...` as it happens.
+    fn say_warning(&self, message: &str) {
+        if !self.quiet {
+            eprintln!("warning: {message}");
         }
     }
 
@@ -153,13 +157,6 @@ impl Sink {
     /// they are the tool's output, not ours.
     pub fn tool_warn(&self, line: std::fmt::Arguments<'_>) {
         eprintln!("WARN: {line}");
-    }
-
-    /// Records `message` among the warnings, once.
-    fn keep(&mut self, message: String) {
-        if !self.warnings.contains(&message) {
-            self.warnings.push(message);
-        }
     }
 
     /// Takes warnings from elsewhere (the probe threads), without repeating them.
