@@ -506,14 +506,21 @@ pub fn escape_arg(arg: &std::ffi::OsStr) -> String {
     out
 }
 
-/// Writes `value` to `path` as pretty JSON (`-` for stdout).
+/// Writes `value` to the file `path` as pretty JSON.
 pub fn write<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let text = serde_json::to_string_pretty(value).context("cannot serialise the results")?;
-    if path.as_os_str() == "-" {
-        println!("{text}");
-        return Ok(());
-    }
+    let text = pretty(value)?;
     std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Prints `value` on standard output as pretty JSON (`--json -`).
+pub fn print<T: Serialize>(value: &T) -> Result<()> {
+    println!("{}", pretty(value)?);
+    Ok(())
+}
+
+/// `value` as pretty JSON.
+fn pretty<T: Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string_pretty(value).context("cannot serialise the results")
 }
 
 #[cfg(test)]

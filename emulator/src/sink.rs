@@ -100,7 +100,7 @@ impl Sink {
     pub fn write_json<T: serde::Serialize>(&self, doc: &T) -> Result<()> {
         match &self.json {
             None => Ok(()),
-            Some(JsonOut::Stdout) => crate::json::write(Path::new("-"), doc),
+            Some(JsonOut::Stdout) => crate::json::print(doc),
             Some(JsonOut::File(path)) => crate::json::write(path, doc),
         }
     }
